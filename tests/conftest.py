@@ -1,0 +1,47 @@
+"""Shared pytest configuration for pe_anchors.
+
+Markers: `slow` (long CPU tests, run by default; deselect with -m "not slow") and `cuda` (needs a GPU: skipped,
+visibly, when none is present). Real-data tests read CIFAR-10 from the paths in the environment variables
+PE_ANCHORS_CIFAR_DIR (ImageNet-style folder with train/ and val/) and PE_ANCHORS_CIFAR_NPZ (the packed npz); when unset,
+the sibling `../shared/data` of a development checkout is used if present, otherwise those tests are skipped.
+"""
+import os
+from pathlib import Path
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: long-running test (CPU); deselect with -m "not slow"')
+    config.addinivalue_line('markers', 'cuda: needs a CUDA GPU; skipped when none is available')
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available(): return
+    skip = pytest.mark.skip(reason='needs a CUDA GPU (none available on this machine)')
+    for item in items:
+        if 'cuda' in item.keywords: item.add_marker(skip)
+
+def _data_path(env: str, default: str) -> Path | None:
+    p = os.environ.get(env)
+    if p: return Path(p)
+    cand = ROOT.parent / 'shared' / 'data' / default
+    return cand if cand.exists() else None
+
+@pytest.fixture(scope='session')
+def cifar_dir():
+    "CIFAR-10 as an ImageNet-style folder (train/<class>/*.jpg, val/<class>/*.jpg), or skip."
+    p = _data_path('PE_ANCHORS_CIFAR_DIR', 'cifar10-jpg')
+    if p is None or not p.exists(): pytest.skip('CIFAR-10 folder not found: set PE_ANCHORS_CIFAR_DIR')
+    return p
+
+@pytest.fixture(scope='session')
+def cifar_npz():
+    "CIFAR-10 packed as JPEG bytes in an npz ({train,val}_jpeg, _offsets, _labels, classes), or skip."
+    p = _data_path('PE_ANCHORS_CIFAR_NPZ', 'cifar10-jpg.npz')
+    if p is None or not p.exists(): pytest.skip('CIFAR-10 npz not found: set PE_ANCHORS_CIFAR_NPZ')
+    return p
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,175 @@
+"""The foundation: package layout, timm registry, positional encodings and the backbone (exported package)."""
+import configparser, json, math, re
+from pathlib import Path
+
+import pytest
+import torch
+import timm
+from hypothesis import given, settings, strategies as st
+
+import pe_anchors
+from pe_anchors.core import grid_coords
+from pe_anchors.pos_embed import (PE_NAMES, SinCos2D, RoPE2D, RoPEMixed, LearnedAPE, NoPE, create_pos_embed,
+                                  rope_rotate)
+from pe_anchors.vit import PEViT, Recorder, TokenPermutation, save_checkpoint, load_checkpoint, MODEL_CONFIGS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_version_matches_settings():
+    cfg = configparser.ConfigParser(); cfg.read(ROOT / 'settings.ini')
+    assert pe_anchors.__version__ == cfg['DEFAULT']['version']
+
+
+def test_readme_mirrors_index_and_has_two_commands():
+    readme = (ROOT / 'README.md').read_text()
+    nb = json.loads((ROOT / 'nbs' / 'index.ipynb').read_text())
+    md = '\n'.join(''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'markdown')
+    for heading in re.findall(r'^##+ .*$', md, flags=re.M): assert heading in readme, heading
+    cmds = re.findall(r'^python3 -m venv .*$', readme, flags=re.M)
+    assert len(cmds) == 2 and cmds[0].endswith('pe_anchors demo') and 'pytest' in cmds[1]
+
+
+def test_registry_lists_models():
+    names = timm.list_models('pe_*')
+    assert set(MODEL_CONFIGS) <= set(names)
+
+
+def test_paper_vit_s_parameter_count():
+    # written out independently of the model code: see nbs/02_vit.ipynb for the breakdown
+    C, T, cls = 384, 197, 100
+    block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)
+    expected = 3 * 256 * C + C + C + T * C + 12 * block + C * cls + cls
+    m = timm.create_model('pe_vit_small_patch16_224', pe='ape', num_classes=cls)
+    assert sum(p.numel() for p in m.parameters()) == expected == 21_703_396
+    assert m.pos_embed.pos_embed.shape == (1, 197, 384)
+    assert m.blocks[0].attn.num_heads == 8 and m.blocks[0].attn.head_dim == 48
+    assert isinstance(m.norm, torch.nn.Identity)
+
+
+@pytest.mark.parametrize('pe', PE_NAMES)
+def test_paper_config_forward_and_taps(pe):
+    m = timm.create_model('pe_vit_small_patch16_224', pe=pe, num_classes=10).eval()
+    with torch.no_grad(), Recorder(m, 'ln1') as rec: out = m(torch.randn(2, 3, 224, 224))
+    assert out.shape == (2, 10)
+    assert rec.patch_tokens().shape == (12, 2, 196, 384)
+
+
+def test_sincos_matches_written_out_formula():
+    D, H, W = 24, 4, 3
+    pe = SinCos2D((H, W), D, num_prefix_tokens=1).pe[0]
+    for k in range(H * W):
+        y, x = k // W, k % W
+        for j in range(D // 4):
+            w = 10000 ** (-j / (D / 4))
+            assert pe[k, j] == pytest.approx(math.sin(x * w), abs=1e-6)
+            assert pe[k, D // 4 + j] == pytest.approx(math.cos(x * w), abs=1e-6)
+            assert pe[k, D // 2 + j] == pytest.approx(math.sin(y * w), abs=1e-6)
+            assert pe[k, 3 * D // 4 + j] == pytest.approx(math.cos(y * w), abs=1e-6)
+
+
+def test_rope_matches_explicit_rotation_matrix():
+    # brute force: build the 2x2 rotation of every plane by hand for one token and compare
+    H, W, hd = 3, 4, 8
+    rope = RoPE2D((H, W), hd, num_heads=1, num_prefix_tokens=0)
+    q = torch.randn(1, 1, H * W, hd)
+    out, _ = rope.rotate(q, q)
+    n = hd // 4
+    for t in range(H * W):
+        y, x = t // W, t % W
+        ref = q[0, 0, t].clone()
+        for half, coord in ((0, x), (1, y)):
+            for i in range(n):
+                a = coord * 10000 ** (-i / n)
+                i1, i2 = half * 2 * n + i, half * 2 * n + n + i
+                u1, u2 = q[0, 0, t, i1], q[0, 0, t, i2]
+                ref[i1], ref[i2] = u1 * math.cos(a) - u2 * math.sin(a), u2 * math.cos(a) + u1 * math.sin(a)
+        torch.testing.assert_close(out[0, 0, t], ref, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 3), st.integers(0, 4), st.integers(0, 3), st.integers(0, 4), st.integers(-2, 2), st.integers(-3, 3),
+       st.sampled_from(['rope', 'rope_mixed']))
+def test_rope_score_is_translation_invariant(r1, c1, r2, c2, dr, dc, kind):
+    H, W, hd = 6, 8, 16
+    torch.manual_seed(1)
+    rope = (RoPE2D if kind == 'rope' else RoPEMixed)((H, W), hd, num_heads=1, num_prefix_tokens=0)
+    q, k = torch.randn(hd), torch.randn(hd)
+    def score(i, j):
+        Q = torch.zeros(1, 1, H * W, hd); K = torch.zeros_like(Q)
+        Q[0, 0, i], K[0, 0, j] = q, k
+        with torch.no_grad(): Qr, Kr = rope.rotate(Q, K)
+        return float(Qr[0, 0, i] @ Kr[0, 0, j])
+    def idx(r, c): return r * W + c
+    R1, C1, R2, C2 = r1 + dr, c1 + dc, r2 + dr, c2 + dc
+    if not all(0 <= v < lim for v, lim in ((R1, H), (R2, H), (C1, W), (C2, W))): return
+    assert score(idx(r1, c1), idx(r2, c2)) == pytest.approx(score(idx(R1, C1), idx(R2, C2)), abs=1e-4)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match='divisible by 4, got 30'): SinCos2D(4, 30)
+    with pytest.raises(ValueError, match='head_dim divisible by 4, got 30'): RoPE2D(4, 30, 2)
+    with pytest.raises(ValueError, match="valid: 'none', 'ape', 'spe', 'rope', 'rope_mixed'"): create_pos_embed('abs', 4, 32, 2)
+    with pytest.raises(ValueError, match='alpha must be'): LearnedAPE(4, 8).alpha = -0.5
+    with pytest.raises(ValueError, match='= 10 tokens, got 11'): LearnedAPE(3, 8)(torch.randn(1, 11, 8))
+    with pytest.raises(ValueError, match='grid_size'): NoPE((0, 2))
+
+
+@pytest.mark.parametrize('pe', PE_NAMES)
+def test_alpha_zero_equals_nope_model(pe):
+    # with alpha = 0 every PE model computes exactly what the same weights compute with no PE
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch1_8', pe=pe).eval()
+    ref = timm.create_model('pe_vit_nano_patch1_8', pe='none').eval()
+    ref.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith('pos_embed.')})
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad(), m.pos_embed.scaled(0.): torch.testing.assert_close(m(x), ref(x), atol=1e-6, rtol=0)
+
+
+def test_permutation_equivariance_paper_config():
+    torch.manual_seed(0)
+    x, perm = torch.randn(2, 3, 224, 224), torch.randperm(196)
+    for pe in ('none', 'ape'):
+        m = timm.create_model('pe_vit_small_patch16_224', pe=pe).eval()
+        with torch.no_grad():
+            for blk in m.blocks: blk.attn.qkv.weight.mul_(3)   # sharper attention; x10 turns 12 layers chaotic in fp32
+            if pe == 'ape': m.pos_embed.pos_embed.mul_(50)
+            with Recorder(m, 'block', layers=[11]) as rec: base = m(x)
+            ref = rec.patch_tokens('block')
+            with Recorder(m, 'block', layers=[11]) as rec, TokenPermutation(m, perm=perm): out = m(x)
+        err = (rec.patch_tokens('block') - ref[:, :, perm]).norm() / ref.norm()
+        if pe == 'none':
+            torch.testing.assert_close(out, base, atol=1e-5, rtol=1e-4); assert err < 1e-5
+        else:
+            assert err > 0.05 and ((out - base).norm() / base.norm()) > 0.01
+
+
+def test_per_sample_permutation_is_a_permutation_and_seeded():
+    m = timm.create_model('pe_vit_nano_patch1_8', pe='none').eval()
+    x = torch.randn(5, 3, 8, 8)
+    with torch.no_grad(), TokenPermutation(m, mode='sample', seed=3) as tp: m(x)
+    p = tp.last_perm
+    assert p.shape == (5, 64) and torch.equal(p.sort(1).values, torch.arange(64).expand(5, -1))
+    with torch.no_grad(), TokenPermutation(m, mode='sample', seed=3) as tp2: m(x)
+    assert torch.equal(tp2.last_perm, p)
+
+
+def test_recorder_on_timm_vit():
+    m = timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=0, img_size=32, patch_size=8).eval()
+    with torch.no_grad(), Recorder(m, ('ln1', 'block')) as rec, TokenPermutation(m, seed=0): m(torch.randn(2, 3, 32, 32))
+    assert rec.patch_tokens('ln1').shape == (12, 2, 16, 192)
+
+
+@pytest.mark.parametrize('pe', PE_NAMES)
+def test_safetensors_round_trip(tmp_path, pe):
+    m = timm.create_model('pe_vit_tiny_patch4_32', pe=pe, num_classes=3).eval()
+    path = save_checkpoint(m, tmp_path / 'm.safetensors', extra={'epoch': 4})
+    m2 = load_checkpoint(path).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(): assert torch.equal(m(x), m2(x))
+    with pytest.raises(FileNotFoundError): load_checkpoint(tmp_path / 'missing.safetensors')
+
+
+def test_package_does_not_depend_on_shared():
+    for f in (ROOT / 'pe_anchors').rglob('*.py'):
+        assert 'shared/' not in f.read_text(), f
