@@ -318,6 +318,16 @@ def test_evaluate_accuracy_any_classifier_timm_cnn():
     with pytest.raises(ValueError, match='no images'): evaluate_accuracy(cnn, [])
 
 
+def test_evaluate_accuracy_low_precision_model():
+    x = smooth_images(10, 16); y = torch.arange(10) % 10
+    # the input follows the model's dtype (a float32 input would fail in a float64 / bf16 linear layer)
+    lin = lambda dtype: nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 10)).to(dtype)
+    torch.manual_seed(1); m64 = lin(torch.float64)
+    torch.manual_seed(1); m32 = lin(torch.float32)
+    assert evaluate_accuracy(m64, [(x, y)]) == evaluate_accuracy(m32, [(x, y)])
+    assert 0 <= evaluate_accuracy(lin(torch.bfloat16), [(x, y)]) <= 1
+
+
 def test_make_normalize():
     x = torch.tensor([0, 51, 255], dtype=torch.uint8).view(1, 3, 1, 1)
     n = make_normalize(((.1, .2, .3), (.5, .5, .5)))
