@@ -3,7 +3,7 @@
 Markers: `slow` (long CPU tests, run by default; deselect with -m "not slow") and `cuda` (needs a GPU: skipped,
 visibly, when none is present). Real-data tests read CIFAR-10 from the paths in the environment variables
 PE_ANCHORS_CIFAR_DIR (ImageNet-style folder with train/ and val/) and PE_ANCHORS_CIFAR_NPZ (the packed npz); when unset,
-the sibling `../shared/data` of a development checkout is used if present, otherwise those tests are skipped.
+a `shared/data` folder beside one of the checkout's parent folders is used if present, otherwise those tests are skipped.
 """
 import os
 from pathlib import Path
@@ -25,8 +25,10 @@ def pytest_collection_modifyitems(config, items):
 def _data_path(env: str, default: str) -> Path | None:
     p = os.environ.get(env)
     if p: return Path(p)
-    cand = ROOT.parent / 'shared' / 'data' / default
-    return cand if cand.exists() else None
+    for parent in ROOT.parents:                       # a development checkout's sibling `shared/data`
+        cand = parent / 'shared' / 'data' / default
+        if cand.exists(): return cand
+    return None
 
 @pytest.fixture(scope='session')
 def cifar_dir():
