@@ -209,3 +209,15 @@ def test_cifar_npz_matches_folder(cifar_npz, cifar_dir):
     assert torch.equal(data.valid.images[i], ref)
     m = data.train.images.float().mean((0, 2, 3))
     torch.testing.assert_close(m, torch.tensor([125.27, 122.94, 113.86]), atol=0.05, rtol=0)
+
+
+@pytest.mark.cuda
+def test_in_memory_batches_stay_on_the_gpu():
+    d = digits()
+    dls = d.dls(bs=32, device='cuda')
+    assert dls.train.dataset.images.is_cuda                                   # stored once on the device
+    x, y = dls.one_batch()
+    assert x.is_cuda and y.is_cuda and x.dtype == torch.float32
+    xu, yu = next(d.valid_uint8(bs=50, device='cuda'))
+    assert xu.is_cuda and xu.dtype == torch.uint8
+    torch.testing.assert_close(d.normalize(xu).cpu(), d.normalize(xu.cpu()))

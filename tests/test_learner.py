@@ -89,7 +89,7 @@ class StopAfter(Callback):
         if self.epoch == self.stop: raise KeyboardInterrupt('simulated interruption')
 
 
-@pytest.mark.parametrize('condition', ['rpt', 'rope'])
+@pytest.mark.parametrize('condition', ['rpt'])
 def test_interrupted_run_resumes_to_identical_weights(tmp_path, small, condition):
     kw = dict(epochs=3, **FAST)
     full = train(condition, small, run_dir=tmp_path / 'full', **kw)
@@ -169,3 +169,22 @@ def test_fast_recipe_on_gpu(small):
     learn = pe_learner(small, 'rope', recipe='fast', device='cuda', **FAST)
     fit_recipe(learn, epochs=1)
     assert next(learn.model.parameters()).is_cuda and learn.opt.opt.defaults['fused']
+
+
+def test_progress_bars_on_request(small):
+    from fastai.callback.progress import ProgressCallback
+    from pe_anchors.learner import Progress
+    quiet = pe_learner(small, **FAST)
+    assert not any(isinstance(cb, ProgressCallback) for cb in quiet.cbs) and quiet.logger is not print
+    shown = pe_learner(small, **{**FAST, 'show_progress': True})
+    assert any(isinstance(cb, Progress) for cb in shown.cbs)
+
+
+def test_restart_clears_old_results(tmp_path, small):
+    train('ape', small, run_dir=tmp_path, epochs=2, **FAST)
+    learn = pe_learner(small, 'ape', run_dir=tmp_path, resume=False, epochs=1, **FAST)
+    assert not (tmp_path / 'final.json').exists() and last_checkpoint(tmp_path) is None
+    fit_recipe(learn)
+    assert last_checkpoint(tmp_path).name == 'epoch_000'
+    assert len(list(csv.DictReader(open(tmp_path / 'metrics.csv')))) == 1
+    assert json.loads((tmp_path / 'final.json').read_text())['epochs'] == 1
