@@ -1,0 +1,190 @@
+"""pe_anchors.learner: recipes, optimiser groups, run directories, exact resume, determinism, DDP, benchmark."""
+import csv, dataclasses, json, os, socket, subprocess, sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fastai.callback.core import Callback
+from fastai.optimizer import OptimWrapper
+
+from pe_anchors.callback.permute import RPT
+from pe_anchors.data import digits, ImageSplit
+from pe_anchors.learner import (RECIPES, get_recipe, SoftTargetCE, wd_param_groups, pe_learner, fit_recipe, train,
+                                last_checkpoint, bench_train)
+from pe_anchors.pos_embed import PE_NAMES
+from pe_anchors.vit import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = dict(model_kwargs=dict(depth=1), show_progress=False, bs=64)
+
+
+@pytest.fixture(scope='module')
+def small():
+    d = digits()
+    return dataclasses.replace(d, train=ImageSplit(d.train.labels[:256], images=d.train.images[:256]),
+                               valid=ImageSplit(d.valid.labels[:64], images=d.valid.images[:64]))
+
+
+def test_paper_recipe_is_the_papers():
+    p = RECIPES['paper']
+    assert (p.epochs, p.bs, p.lr, p.wd, tuple(p.betas), p.label_smoothing) == (60, 128, 1e-3, 5e-2, (0.9, 0.999), 0.1)
+    assert p.moms == (0.9, 0.9, 0.9) and not p.bf16
+    f = RECIPES['fast']
+    assert f.bf16 and f.channels_last and f.moms is None and (f.lr, f.wd) == (p.lr, p.wd)
+    with pytest.raises(TypeError, match='unknown recipe field'): get_recipe('fast', lrr=1)
+
+
+def test_soft_target_ce_matches_formula():
+    torch.manual_seed(0)
+    pred, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
+    ls = 0.1
+    soft = F.one_hot(y, 4).float() * (1 - ls) + ls / 4
+    want = -(soft * pred.log_softmax(-1)).sum(-1).mean()
+    torch.testing.assert_close(SoftTargetCE(ls)(pred, y), want)
+    torch.testing.assert_close(SoftTargetCE()(pred, soft), want)
+
+
+@pytest.mark.parametrize('pe', PE_NAMES)
+def test_weight_decay_groups_honour_no_weight_decay(pe, small):
+    learn = pe_learner(small, 'ape', pe=pe, recipe='paper', **FAST)
+    learn.create_opt()
+    assert isinstance(learn.opt, OptimWrapper) and isinstance(learn.opt.opt, torch.optim.AdamW)
+    names = {id(p): n for n, p in learn.model.named_parameters()}
+    groups = learn.opt.opt.param_groups
+    learn.opt.set_hypers(wd=learn.wd)
+    assert [g['weight_decay'] for g in groups] == [0.05, 0.0]
+    nodecay = {names[id(p)] for p in groups[1]['params']}
+    for n in learn.model.no_weight_decay(): assert n in nodecay
+    assert all(p.ndim >= 2 for p in groups[0]['params']) and all(names[id(p)].endswith('bias') or p.ndim <= 1
+                                                                  or names[id(p)] in learn.model.no_weight_decay()
+                                                                  for p in groups[1]['params'])
+    assert len(groups[0]['params']) + len(groups[1]['params']) == len(list(learn.model.parameters()))
+
+
+def test_conditions_set_pe_and_rpt(small):
+    assert pe_learner(small, 'nope', **FAST).model.pe == 'none'
+    l = pe_learner(small, 'rpt', **FAST)
+    assert l.model.pe == 'ape' and any(isinstance(cb, RPT) for cb in l.cbs)
+    assert not any(isinstance(cb, RPT) for cb in pe_learner(small, 'rope', **FAST).cbs)
+    assert any(isinstance(cb, RPT) for cb in pe_learner(small, 'rope', rpt=True, **FAST).cbs)
+    with pytest.raises(ValueError, match='expects 32px'): pe_learner(small, model='pe_vit_tiny_patch4_32', **FAST)
+
+
+def _weights(res): return {k: v.clone() for k, v in res['learn'].model.state_dict().items()}
+
+
+def test_same_seed_same_weights(small):
+    a = _weights(train('rpt', small, epochs=1, seed=3, **FAST))
+    b = _weights(train('rpt', small, epochs=1, seed=3, **FAST))
+    c = _weights(train('rpt', small, epochs=1, seed=4, **FAST))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+class StopAfter(Callback):
+    order = 99
+    def __init__(self, epoch): self.stop = epoch
+    def after_epoch(self):
+        if self.epoch == self.stop: raise KeyboardInterrupt('simulated interruption')
+
+
+@pytest.mark.parametrize('condition', ['rpt'])
+def test_interrupted_run_resumes_to_identical_weights(tmp_path, small, condition):
+    kw = dict(epochs=3, **FAST)
+    full = train(condition, small, run_dir=tmp_path / 'full', **kw)
+    with pytest.raises(KeyboardInterrupt):
+        train(condition, small, run_dir=tmp_path / 'cut', cbs=[StopAfter(1)], **kw)
+    assert last_checkpoint(tmp_path / 'cut').name == 'epoch_001'
+    assert not (tmp_path / 'cut' / 'final.json').exists()
+    resumed = train(condition, small, run_dir=tmp_path / 'cut', **kw)
+    wf, wr = _weights(full), _weights(resumed)
+    assert all(torch.equal(wf[k], wr[k]) for k in wf)
+    rows = lambda p: [{k: v for k, v in r.items() if k not in ('time_s', 'train_img_s')}
+                      for r in csv.DictReader(open(p / 'metrics.csv'))]
+    assert rows(tmp_path / 'cut') == rows(tmp_path / 'full') and len(rows(tmp_path / 'full')) == 3
+    assert resumed['accuracy'] == full['accuracy']
+    # a finished run is not trained again: its final weights are loaded
+    again = train(condition, small, run_dir=tmp_path / 'cut', **kw)
+    assert all(torch.equal(wf[k], v) for k, v in _weights(again).items())
+
+
+def test_run_directory_layout(tmp_path, small):
+    res = train('ape', small, run_dir=tmp_path, epochs=2, **FAST)
+    files = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob('*') if p.is_file()}
+    assert files == {'config.json', 'metrics.csv', 'model.safetensors', 'final.json',
+                     'checkpoints/epoch_001/model.safetensors', 'checkpoints/epoch_001/state.pt'}
+    cfg = json.loads((tmp_path / 'config.json').read_text())
+    assert cfg['condition'] == 'ape' and cfg['pe'] == 'ape' and cfg['rpt'] is False and cfg['seed'] == 0
+    assert cfg['model'] == 'pe_vit_nano_patch1_8' and cfg['model_kwargs'] == {'depth': 1}
+    assert cfg['recipe']['epochs'] == 2 and cfg['data']['builder'] == 'digits' and 'hardware' in cfg
+    final = json.loads((tmp_path / 'final.json').read_text())
+    assert set(final) >= {'epochs', 'accuracy', 'valid_loss', 'train_time_s', 'train_img_s', 'hardware'}
+    m = load_checkpoint(tmp_path / 'model.safetensors')
+    assert all(torch.equal(v, res['learn'].model.state_dict()[k]) for k, v in m.state_dict().items())
+    assert abs(final['accuracy'] - float(res['learn'].validate()[1])) < 1e-6
+    header = (tmp_path / 'metrics.csv').read_text().splitlines()[0].split(',')
+    assert header == ['epoch', 'train_loss', 'valid_loss', 'accuracy', 'lr', 'time_s', 'train_img_s']
+
+
+def test_resume_refuses_a_different_run(tmp_path, small):
+    train('ape', small, run_dir=tmp_path, epochs=1, **FAST)
+    with pytest.raises(ValueError, match=r"different run \(differs in \['condition', 'pe'\]\)"):
+        pe_learner(small, 'rope', run_dir=tmp_path, epochs=1, **FAST)
+    pe_learner(small, 'rope', run_dir=tmp_path, resume=False, epochs=1, **FAST)   # explicit restart is allowed
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+
+def test_ddp_two_process_gloo(tmp_path):
+    env = {**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''),
+           'PE_ANCHORS_QUIET': '1'}
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={_free_port()}',
+           str(ROOT / 'tests' / 'ddp_worker.py'), str(tmp_path)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r0, r1 = (torch.load(tmp_path / f'rank{r}.pt') for r in (0, 1))
+    assert r0['world'] == r1['world'] == 2
+    assert r0['n_iter'] == r1['n_iter'] == (1437 // 2) // 32                    # each rank: half the data
+    assert not set(r0['idxs']) & set(r1['idxs'])                                # disjoint shards
+    assert all(torch.equal(r0['sd'][k], r1['sd'][k]) for k in r0['sd'])        # gradients were averaged
+    init = pe_learner('digits', 'rpt', model_kwargs=dict(depth=1), show_progress=False).model.state_dict()
+    assert not torch.equal(init['head.weight'], r0['sd']['head.weight'])        # and training happened
+    assert r0['acc'] == r1['acc'] and (tmp_path / 'run' / 'final.json').exists()
+
+
+def test_bench_train_reports_all_paths():
+    df = bench_train('pe_vit_nano_patch1_8', bs=16, steps=2, warmup=1, pes=('ape', 'rope'),
+                     model_kwargs=dict(depth=1), verbose=False)
+    assert list(df.path) == ['plain', 'learner', 'learner', 'learner']
+    assert list(df.rpt) == [False, False, True, False] and list(df.pe) == ['ape', 'ape', 'ape', 'rope']
+    assert (df.img_s > 0).all() and df.vs_plain[0] == 1.0 and df.vs_learner_ape[1] == 1.0
+
+
+@pytest.mark.cuda
+def test_fast_recipe_on_gpu(small):
+    learn = pe_learner(small, 'rope', recipe='fast', device='cuda', **FAST)
+    fit_recipe(learn, epochs=1)
+    assert next(learn.model.parameters()).is_cuda and learn.opt.opt.defaults['fused']
+
+
+def test_progress_bars_on_request(small):
+    from fastai.callback.progress import ProgressCallback
+    from pe_anchors.learner import Progress
+    quiet = pe_learner(small, **FAST)
+    assert not any(isinstance(cb, ProgressCallback) for cb in quiet.cbs) and quiet.logger is not print
+    shown = pe_learner(small, **{**FAST, 'show_progress': True})
+    assert any(isinstance(cb, Progress) for cb in shown.cbs)
+
+
+def test_restart_clears_old_results(tmp_path, small):
+    train('ape', small, run_dir=tmp_path, epochs=2, **FAST)
+    learn = pe_learner(small, 'ape', run_dir=tmp_path, resume=False, epochs=1, **FAST)
+    assert not (tmp_path / 'final.json').exists() and last_checkpoint(tmp_path) is None
+    fit_recipe(learn)
+    assert last_checkpoint(tmp_path).name == 'epoch_000'
+    assert len(list(csv.DictReader(open(tmp_path / 'metrics.csv')))) == 1
+    assert json.loads((tmp_path / 'final.json').read_text())['epochs'] == 1
