@@ -15,14 +15,14 @@ import torch
 from torch import nn
 from scipy import stats
 
-from .core import CONDITIONS, PAPER_CONDITIONS, check_choice, pbar
+from .core import CONDITIONS, check_choice, condition_label, condition_order, pbar
 from .pos_embed import PosEmbed
 from .vit import TokenPermutation
 from .ssdc import ssdc_curve, result_frame, bootstrap_ci
 
 # %% auto #0
 __all__ = ['SSDC_MODES', 'PAPER_ALPHAS', 'PAPER_SSDC', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories',
-           'pe_scaled', 'alpha_sweep', 'condition_label', 'paper_curves', 'plot_ssdc']
+           'pe_scaled', 'alpha_sweep', 'paper_curves', 'plot_ssdc']
 
 # %% ../nbs/07_interventions.ipynb #72a2284f
 SSDC_MODES = {'normal': None, 'rpi': 'batch', 'rpi_sample': 'sample'}  # results-table mode -> TokenPermutation mode
@@ -200,10 +200,6 @@ PAPER_SSDC = {  # published curves, mean of 4 seeds read off the paper's figures
                 spe=[.235, .532, .584, .561, .504, .467, .447, .451, .453, .457, .453, .459]),
 }
 
-def condition_label(condition: str) -> str:
-    "Plot label of a condition key (`core.CONDITIONS`), or the key itself."
-    return CONDITIONS[condition]['label'] if condition in CONDITIONS else str(condition)
-
 def paper_curves(mode: str = 'normal') -> dict[str, list[float]]:
     "Published SSDC curves for `plot_ssdc(references=...)`, keyed by plot label."
     return {f"{condition_label(c)} (paper)": v for c, v in PAPER_SSDC[check_choice('mode', mode, PAPER_SSDC)].items()}
@@ -222,7 +218,7 @@ def plot_ssdc(df: pd.DataFrame,
         raise ValueError(f"no rows with metric={metric!r} and mode={mode!r}; the table has metrics "
                          f"{sorted(df['metric'].unique())} and modes {sorted(df['mode'].unique())}")
     if ax is None: ax = plt.subplots(figsize=(5, 3.5))[1]
-    conds = sorted(d['condition'].unique(), key=lambda c: (PAPER_CONDITIONS.index(c) if c in PAPER_CONDITIONS else 99, c))
+    conds = condition_order(d['condition'].unique())
     stages = d['stage'].unique()
     colours = {}
     for c in conds:

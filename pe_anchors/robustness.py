@@ -17,7 +17,7 @@ import torchvision
 from torch import nn
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
-from .core import CONDITIONS, check_choice, grid_hw, hardware_info, pbar
+from .core import check_choice, condition_label, condition_order, grid_hw, hardware_info, pbar
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
 # %% auto #0
@@ -581,12 +581,6 @@ def paper_table5() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../nbs/08_robustness.ipynb #d4df7231
-def _cond_order(conds) -> list[str]:
-    known = [c for c in CONDITIONS if c in set(conds)]
-    return known + [c for c in dict.fromkeys(conds) if c not in CONDITIONS]
-
-def _label(cond: str) -> str: return CONDITIONS[cond]['label'] if cond in CONDITIONS else str(cond)
-
 def plot_fragility(summary: pd.DataFrame,              # from `summarize_fragility` (or `paper_table5()`)
                    shifts: Sequence[str] | None = None, # shift names, one panel each (default: all paper shifts)
                    ax=None, title: str | None = None):
@@ -599,10 +593,10 @@ def plot_fragility(summary: pd.DataFrame,              # from `summarize_fragili
                                                                  squeeze=False)[1][0]
     for a, name in zip(axes, shifts):
         d = summary[summary['shift'] == name].set_index('condition')
-        conds = _cond_order(d.index)
+        conds = condition_order(d.index)
         a.errorbar(range(len(conds)), d.loc[conds, 'fs_mean'], yerr=d.loc[conds, 'fs_sd'].fillna(0), fmt='o',
                    capsize=4, color='k', ms=6)
-        a.set_xticks(range(len(conds)), [_label(c) for c in conds])
+        a.set_xticks(range(len(conds)), [condition_label(c) for c in conds])
         a.set_xlim(-.5, len(conds) - .5); a.set_ylabel('Fragility score'); a.grid(axis='y', alpha=.3)
         a.set_title(name if title is None else title)
     if ax is None: axes[0].figure.tight_layout()
@@ -621,10 +615,10 @@ def plot_shift_curves(summary: pd.DataFrame, kind: str,
     if kind in SHIFT_KINDS: d = d[d['severity'].apply(lambda s: isinstance(s, (int, np.integer)))]
     x = 'severity' if kind in SHIFT_KINDS else 'level'
     if ax is None: ax = plt.subplots(figsize=(4.5, 3.2))[1]
-    for cond in _cond_order(d['condition']):
+    for cond in condition_order(d['condition']):
         c = d[d['condition'] == cond].sort_values(x)
         ax.errorbar(c[x].astype(float), c[f'{metric}_mean'], yerr=c[f'{metric}_sd'].fillna(0), marker='o', capsize=3,
-                    label=_label(cond))
+                    label=condition_label(cond))
     if kind == 'shuffle': ax.set_xscale('log', base=2)
     xs = sorted(d[x].astype(float).unique())
     ax.set_xticks(xs, [_fmt(v) for v in xs])

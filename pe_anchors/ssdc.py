@@ -49,11 +49,6 @@ def upper_pairs(m: torch.Tensor) -> torch.Tensor: # (..., N, N) -> (..., N(N-1)/
 # %% ../nbs/06_ssdc.ipynb #a60c2b95
 _CHUNK = 1 << 20 # elements per block of rows: keeps the working set of one block in cache
 
-def _check_finite(x: torch.Tensor, name: str) -> torch.Tensor:
-    "`core.check_finite` behind a one-pass test: a finite sum means every entry is finite (NaN/inf propagate)."
-    if x.is_floating_point() and not torch.isfinite(x.sum()): check_finite(x, name)
-    return x
-
 def _sort_int64_(keys: torch.Tensor) -> torch.Tensor: # (R, n) int64, contiguous
     "Sort each row of `keys` (in place on CPU): numpy's SIMD sort, one thread per torch thread; `torch.sort` elsewhere."
     if keys.device.type != 'cpu': return keys.sort(dim=-1).values
@@ -116,7 +111,7 @@ def spearman(a: torch.Tensor, # (..., n)
         raise ValueError(f"spearman needs the same last dim, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     n = a.shape[-1]
     if n < 2: raise ValueError(f"spearman needs at least 2 values along the last dim, got {n}")
-    _check_finite(a, 'spearman input a'); _check_finite(b, 'spearman input b')
+    check_finite(a, 'spearman input a'); check_finite(b, 'spearman input b')
     lead = torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])
     if math.prod(b.shape[:-1]) > math.prod(a.shape[:-1]): a, b = b, a    # sort the larger operand row by row
     mid, dev = (n + 1) / 2, a.device
@@ -215,7 +210,7 @@ def ssdc_per_image(features: torch.Tensor,           # (..., B, N, C) patch toke
     check_choice('distance', metric, DISTANCES)
     *lead, B, N, C = features.shape
     _check_grid(N, grid_size)
-    _check_finite(features, 'features')
+    check_finite(features, 'features')
     per = max(1, (1 << 24) // (max(math.prod(lead), 1) * N * N))          # images per block: <= 16M similarity entries
     out = [ssdc_from_similarity(token_similarity(features[..., s:s + per, :, :]), grid_size, metric)
            for s in range(0, B, per)]
@@ -242,15 +237,25 @@ class SSDCAccumulator:
             raise ValueError(f"features must be (L, B, N, C) or (B, N, C), got shape {tuple(features.shape)}")
         L, B, N, C = features.shape
         _check_grid(N, self.grid_size)
-        _check_finite(features, 'features')
+        check_finite(features, 'features')
         if self.layers is None: self.layers = list(range(L))
         if L != len(self.layers): raise ValueError(f"got {L} layers, expected {len(self.layers)} (as in earlier batches)")
         if self.sim_sum is None: self.sim_sum = torch.zeros(L, N, N, dtype=torch.float64, device=features.device)
+        per = max(1, (1 << 24) // (N * N))                              # images per block of (B, N, N) similarities
+        vals = []
         for l in range(L):                                             # one layer at a time: small transients
             x = F.normalize(features[l].float() if features.dtype in (torch.float16, torch.bfloat16) else features[l], dim=-1)
-            x = x.transpose(0, 1).reshape(N, B * C)                    # (N, B*C): all images side by side
-            self.sim_sum[l] += x @ x.T                                 # (N, N) summed over the B images
-        if self.per_image: self._image_values.append(ssdc_per_image(features, self.grid_size, self.metric).cpu())
+            if self.per_image:                                         # each image's matrix, once: summed and ranked
+                v = []
+                for s in range(0, B, per):
+                    sim = x[s:s + per] @ x[s:s + per].mT               # (b, N, N)
+                    self.sim_sum[l] += sim.sum(0)
+                    v.append(ssdc_from_similarity(sim, self.grid_size, self.metric))
+                vals.append(torch.cat(v))
+            else:
+                x = x.transpose(0, 1).reshape(N, B * C)                # (N, B*C): all images side by side
+                self.sim_sum[l] += x @ x.T                             # (N, N) summed over the B images
+        if self.per_image: self._image_values.append(torch.stack(vals).cpu())   # (L, B)
         self.n_images += B
         return self
 
@@ -438,8 +443,9 @@ def _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images,
 def _print_bench(r: dict):
     extra = '' if r['naive_images'] == r['n_images'] else f" (naive measured on {r['naive_images']} images, scaled)"
     la = r['load_avg_1min']
-    print(f"{r['hardware']}\n1-min load average {la[0]:.1f} -> {la[1]:.1f} (above the core count, other processes share "
-          f"the cores and timings inflate)\n"
+    busy = max(la) > (os.cpu_count() or 1)
+    print(f"{r['hardware']}\n1-min load average {la[0]:.1f} -> {la[1]:.1f}"
+          f"{' (above the core count: other processes share the cores and timings inflate)' if busy else ''}\n"
           f"per-image SSDC: {r['n_images']} images x {r['n_layers']} layers, {r['grid'][0]}x{r['grid'][1]} grid "
           f"({r['n_pairs']} pairs), dim {r['dim']}, batches of {r['batch_size']}{extra}\n"
           f"  end to end, features -> per-image SSDC (cosine matrices + Spearman):\n"

@@ -18,7 +18,7 @@ from pe_anchors.vit import TokenPermutation
 
 @pytest.fixture(scope='module')
 def small_digits():
-    d = digits()
+    d = digits(img_size=8)                                        # native 8x8 for the 1-pixel-patch test model
     return dataclasses.replace(d, train=ImageSplit(d.train.labels[:256], images=d.train.images[:256]),
                                valid=ImageSplit(d.valid.labels[:64], images=d.valid.images[:64]))
 

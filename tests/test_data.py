@@ -91,7 +91,7 @@ def test_mixup_gives_soft_targets():
 
 def test_digits_values_and_split():
     from sklearn.datasets import load_digits
-    d = digits()
+    d = digits(img_size=8)
     ref = load_digits()
     assert (len(d.train), len(d.valid)) == (1437, 360) and d.img_size == 8 and d.c == 10
     x = torch.cat([d.train.images, d.valid.images]); y = torch.cat([d.train.labels, d.valid.labels])
@@ -101,8 +101,14 @@ def test_digits_values_and_split():
     want = sorted((tuple((np.round(im * 255 / 16)).astype(int).ravel()), int(t)) for im, t in zip(ref.images, ref.target))
     got = sorted((tuple(im[0].ravel().tolist()), int(t)) for im, t in zip(x, y))
     assert got == want
-    assert torch.equal(digits().valid.labels, d.valid.labels)                 # fixed
+    assert torch.equal(digits().valid.labels, d.valid.labels)                 # fixed (and the same at any size)
     assert not torch.equal(digits(seed=1).valid.labels, d.valid.labels)       # seeded
+    # the 16 px default is the bilinear upsampling (align_corners=False) of the unrounded 8 px values: upsampling the
+    # rounded 8 px images instead differs by at most one grey level (a convex combination of values off by <= .5)
+    up = torch.nn.functional.interpolate(d.valid.images[:, :1].float(), size=16, mode='bilinear', align_corners=False)
+    d16 = digits()
+    assert d16.img_size == 16 and d16.valid.images.shape[1:] == (3, 16, 16)
+    assert (d16.valid.images[:, :1].float() - up).abs().max() <= 1.
     counts = torch.bincount(d.valid.labels, minlength=10)
     assert counts.min() >= 34 and counts.max() <= 38                          # stratified (20% of ~180 per class)
 
@@ -114,7 +120,7 @@ def test_dls_batches_and_seeded_shuffle():
     set_seed(2); b3 = d.dls(bs=32, device='cpu').one_batch()
     assert torch.equal(b1[0], b2[0]) and torch.equal(b1[1], b2[1]) and not torch.equal(b1[1], b3[1])
     x, y = b1
-    assert x.dtype == torch.float32 and x.shape == (32, 3, 8, 8) and y.dtype == torch.long
+    assert x.dtype == torch.float32 and x.shape == (32, 3, 16, 16) and y.dtype == torch.long
     dls = d.dls(bs=32, device='cpu')
     assert len(dls.train) == 1437 // 32 and len(dls.valid) == -(-360 // 64)
     assert sum(len(yb) for _, yb in dls.valid) == 360
@@ -125,7 +131,7 @@ def test_valid_uint8_contract():
     batches = list(d.valid_uint8(bs=100, device='cpu'))
     assert [len(y) for _, y in batches] == [100, 100, 100, 60]               # all images, last partial batch kept
     x = torch.cat([b[0] for b in batches]); y = torch.cat([b[1] for b in batches])
-    assert x.dtype == torch.uint8 and x.shape == (360, 3, 8, 8) and y.dtype == torch.long
+    assert x.dtype == torch.uint8 and x.shape == (360, 3, 16, 16) and y.dtype == torch.long
     assert torch.equal(x, d.valid.images) and torch.equal(y, d.valid.labels)  # dataset order, unaugmented
     xv = torch.cat([xb for xb, _ in d.dls(bs=50, device='cpu').valid])
     torch.testing.assert_close(d.normalize(x), xv, rtol=0, atol=0)

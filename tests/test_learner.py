@@ -116,7 +116,7 @@ def test_run_directory_layout(tmp_path, small):
                      'checkpoints/epoch_001/model.safetensors', 'checkpoints/epoch_001/state.pt'}
     cfg = json.loads((tmp_path / 'config.json').read_text())
     assert cfg['condition'] == 'ape' and cfg['pe'] == 'ape' and cfg['rpt'] is False and cfg['seed'] == 0
-    assert cfg['model'] == 'pe_vit_nano_patch1_8' and cfg['model_kwargs'] == {'depth': 1}
+    assert cfg['model'] == 'pe_vit_nano_patch2_16' and cfg['model_kwargs'] == {'depth': 1}
     assert cfg['recipe']['epochs'] == 2 and cfg['data']['builder'] == 'digits' and 'hardware' in cfg
     final = json.loads((tmp_path / 'final.json').read_text())
     assert set(final) >= {'epochs', 'accuracy', 'valid_loss', 'train_time_s', 'train_img_s', 'hardware'}

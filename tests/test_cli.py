@@ -1,0 +1,54 @@
+"""The console script: help, exit codes, errors without tracebacks, and the offline demo in small size."""
+import os, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+from pe_anchors.cli import main
+
+ENV = {**os.environ, 'PE_ANCHORS_QUIET': '1', 'MPLBACKEND': 'Agg'}
+
+
+def run(*args, **kw):
+    return subprocess.run(['pe_anchors', *args], capture_output=True, text=True, env=ENV, **kw)
+
+
+@pytest.fixture(scope='module')
+def installed():
+    if subprocess.run(['which', 'pe_anchors'], capture_output=True).returncode:
+        pytest.skip('the pe_anchors console script is not installed (pip install -e .)')
+
+
+def test_help_everywhere(installed):
+    r = run('--help'); assert r.returncode == 0 and 'demo' in r.stdout and 'sweep' in r.stdout
+    for cmd in ('demo', 'train', 'analyze', 'sweep', 'report', 'bench'):
+        r = run(cmd, '--help'); assert r.returncode == 0 and 'usage: pe_anchors ' + cmd in r.stdout, cmd
+
+
+def test_user_errors_exit_2_without_traceback(installed, tmp_path):
+    for args, msg in ((('report', str(tmp_path / 'nothing')), 'is not an experiment directory'),
+                      (('sweep', 'cifar10', '--out', str(tmp_path)), 'needs the data location'),
+                      (('sweep', str(tmp_path / 'exp.yaml'), '--out', str(tmp_path)), 'no experiment file'),
+                      (('train', '--condition', 'alibi', '--run-dir', str(tmp_path / 'r')), "unknown condition 'alibi'")):
+        r = run(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert msg in r.stderr and 'Traceback' not in r.stderr, r.stderr
+    assert run('bench', 'nothing').returncode == 2                      # argparse's own usage error
+
+
+def test_demo_small_then_report_and_analyze(installed, tmp_path):
+    out = tmp_path / 'demo'
+    r = run('demo', '--out', str(out), '--epochs', '1', '--conditions', 'nope', 'ape', '--quiet', timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert (out / 'report' / 'report.md').exists() and (out / 'results.csv').exists()
+    assert 'ours:' in r.stdout and 'report:' in r.stdout
+    r = run('report', str(out)); assert r.returncode == 0 and 'report:' in r.stdout
+    r = run('analyze', str(out / 'runs' / 'ape-s0' / 'train'), '--ssdc-images', '32', '--n-perms', '2',
+            '--out', str(tmp_path / 'a.csv'))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / 'a.csv').exists() and 'rpi' in r.stdout
+
+
+def test_main_in_process_returns_codes(tmp_path, capsys):
+    assert main(['report', str(tmp_path / 'none')]) == 2
+    assert 'error' in capsys.readouterr().err

@@ -1,0 +1,110 @@
+"""The experiment pipeline: declarative config, resumable runs, sharding, one tidy table."""
+import json, os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from pe_anchors.core import RESULT_COLUMNS
+from pe_anchors.data import get_data
+from pe_anchors.experiment import (Experiment, EvalData, PRESETS, evaluate_model, gather, preset, resolve_shard,
+                                   run_dir_of, run_experiment, load_run_model)
+from pe_anchors.learner import pe_learner
+
+
+@pytest.fixture(scope='module')
+def digits():
+    return get_data('digits')
+
+
+def tiny(**kw):
+    base = dict(conditions=['nope', 'ape'], train_kwargs=dict(epochs=1), ssdc_images=48, n_perms=2, alphas=[1., 0.],
+                model_kwargs=dict(depth=2))
+    return preset('digits', **{**base, **kw})
+
+
+def test_experiment_file_round_trip_and_validation(tmp_path):
+    exp = tiny(seeds=[0, 3])
+    for name in ('e.json', 'e.yaml'):
+        assert Experiment.load(exp.save(tmp_path / name)) == exp
+    assert Experiment.load('digits') == preset('digits')
+    with pytest.raises(ValueError, match="unknown condition 'alibi'"): tiny(conditions=['alibi'])
+    with pytest.raises(ValueError, match='seeds must be'): tiny(seeds=[])
+    with pytest.raises(ValueError, match="unknown RPI mode"): tiny(rpi_mode='pixel')
+    with pytest.raises(FileNotFoundError): Experiment.load(tmp_path / 'missing.yaml')
+    assert set(PRESETS) == {'digits', 'cifar10', 'imagenet100'}
+    assert preset('imagenet100').model == 'pe_vit_small_patch16_224' and preset('imagenet100').seeds == [0, 1, 2, 3]
+
+
+def test_runs_order_and_shards_partition_the_grid():
+    exp = tiny(conditions=['nope', 'ape', 'spe'], seeds=[0, 1])
+    runs = exp.runs()
+    shards = [runs[i::3] for i in range(3)]
+    assert sorted(sum(shards, [])) == sorted(runs) and len(set(map(tuple, runs))) == 6
+    assert resolve_shard('2/3') == (2, 3, None)
+    with pytest.raises(ValueError): resolve_shard('3/3')
+
+
+def test_resolve_shard_from_slurm(monkeypatch):
+    monkeypatch.setenv('SLURM_ARRAY_TASK_ID', '4'); monkeypatch.setenv('SLURM_ARRAY_TASK_COUNT', '5')
+    monkeypatch.delenv('WORLD_SIZE', raising=False)
+    assert resolve_shard('auto') == (4, 5, None)
+
+
+def test_evaluate_model_rows_match_independent_measurements(digits):
+    from pe_anchors.robustness import evaluate_accuracy, make_shift, shifted_set, TensorBatches
+    exp = tiny()
+    ev = EvalData(digits, exp.ssdc_images, 64, 'cpu')
+    torch.manual_seed(0)
+    model = pe_learner(digits, 'ape', seed=0, show_progress=False, model_kwargs=dict(depth=2)).model.eval()
+    df = evaluate_model(model, ev, exp, 'ape', seed=0)
+    assert list(df.columns[:len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
+    plain = df[df['sweep'].isna()]
+    clean = plain[(plain.metric == 'acc') & (plain['shift'] == 'clean')]['value'].item()
+    # the accuracy row equals a direct evaluation over the whole validation split
+    ref = evaluate_accuracy(model, digits.valid_uint8(bs=100, device='cpu'), digits.normalize, show=False)
+    assert clean == pytest.approx(ref)
+    # fragility rows are 1 - A_shift / A_clean of the accuracy rows
+    for kind in ('jpeg', 'blur'):
+        a = plain[(plain.metric == 'acc') & (plain['shift'] == kind)]['value'].item()
+        fs = plain[(plain.metric == 'fs') & (plain['shift'] == kind)]['value'].item()
+        assert fs == pytest.approx(1 - a / clean)
+    # the alpha = 0 sweep point equals the same weights evaluated with the PE switched off
+    sweep = df[df['sweep'] == 'alpha']
+    with model.pos_embed.scaled(0.):
+        ref0 = evaluate_accuracy(model, digits.valid_uint8(bs=100, device='cpu'), digits.normalize, show=False)
+    got0 = sweep[(sweep.metric == 'acc') & (sweep['shift'] == 'clean') & (sweep.alpha == 0.)]['value'].item()
+    assert got0 == pytest.approx(ref0)
+    assert set(plain[plain.metric == 'ssdc']['layer']) == {0, 1}
+
+
+def test_run_experiment_resumes_and_skips(tmp_path, digits):
+    exp = tiny()
+    df = run_experiment(exp, tmp_path, show=False, data=digits, device='cpu')
+    assert set(df['condition']) == {'nope', 'ape'} and set(df['stage']) == {'trained', 'untrained'}
+    assert (tmp_path / 'results.csv').exists() and json.loads((tmp_path / 'experiment.json').read_text()) == exp.to_dict()
+    # a finished run is not retrained: its results file is reused as is
+    stamp = (run_dir_of(tmp_path, 'ape', 0) / 'results.csv').stat().st_mtime_ns
+    df2 = run_experiment(exp, tmp_path, show=False, data=digits, device='cpu')
+    assert (run_dir_of(tmp_path, 'ape', 0) / 'results.csv').stat().st_mtime_ns == stamp
+    pd.testing.assert_frame_equal(df, df2)
+    # a run killed after training but before its evaluation is evaluated (not retrained) on the next call
+    (run_dir_of(tmp_path, 'nope', 0) / 'results.csv').unlink()
+    ck = run_dir_of(tmp_path, 'nope', 0) / 'train' / 'model.safetensors'
+    before = ck.stat().st_mtime_ns
+    df3 = run_experiment(exp, tmp_path, show=False, data=digits, device='cpu')
+    assert ck.stat().st_mtime_ns == before
+    cols = ['condition', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity', 'alpha']
+    key = lambda d: d.sort_values(cols).reset_index(drop=True)[cols + ['value']]
+    pd.testing.assert_frame_equal(key(df3), key(df))
+    assert load_run_model(tmp_path, 'ape').pe == 'ape'
+    with pytest.raises(ValueError, match='holds a different experiment'): run_experiment(tiny(n_perms=3), tmp_path, data=digits)
+
+
+def test_shards_fill_one_table(tmp_path, digits):
+    exp = tiny()
+    run_experiment(exp, tmp_path, shard='0/2', show=False, data=digits, device='cpu')
+    assert set(gather(tmp_path, write=False)['condition']) == {'nope'}
+    df = run_experiment(exp, tmp_path, shard='1/2', show=False, data=digits, device='cpu')
+    assert set(df['condition']) == {'nope', 'ape'}
