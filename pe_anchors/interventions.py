@@ -94,8 +94,9 @@ def measure_ssdc(model: nn.Module,
                  max_images: int | None = None,       # images per draw (None: the whole loader)
                  layers: Sequence[int] | None = None, # blocks to measure (default: all)
                  show_progress: bool | None = None,
+                 point: str = 'ln1',                  # `Recorder` tap point; 'ln1' is the paper's
                 ) -> SSDCRuns:
-    "SSDC of every block's LN1 input, unpermuted or under RPI averaged over `n_perms` seeded permutation draws."
+    "SSDC of every block's LN1 input (or another tap `point`), unpermuted or under RPI over `n_perms` seeded draws."
     perm_mode = SSDC_MODES[check_choice('SSDC mode', mode, SSDC_MODES)]
     if perm_mode is not None and n_perms < 1: raise ValueError(f"n_perms must be >= 1, got {n_perms}")
     k_draws = 1 if perm_mode is None else n_perms
@@ -104,7 +105,7 @@ def measure_ssdc(model: nn.Module,
     for k in pbar(range(k_draws), total=k_draws, show=show_progress if k_draws > 1 else False, comment=mode):
         hook = nullcontext() if perm_mode is None else TokenPermutation(model, mode=perm_mode, seed=perm_seed + k)
         with hook:
-            accs.append(ssdc_curve(model, batches, grid_size, metric, per_image, max_images, layers,
+            accs.append(ssdc_curve(model, batches, grid_size, metric, per_image, max_images, layers, point,
                                    show_progress=show_progress if k_draws == 1 else False))
     return SSDCRuns(values=np.stack([a.compute().cpu().numpy() for a in accs]), layers=accs[0].layers, mode=mode,
                     n_images=accs[0].n_images, perm_seed=None if perm_mode is None else perm_seed,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math, os, resource, sys, time, warnings
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,8 +23,8 @@ from .vit import Recorder
 
 # %% auto #0
 __all__ = ['DISTANCES', 'grid_distance', 'upper_pairs', 'average_ranks', 'spearman', 'token_similarity', 'ssdc_from_similarity',
-           'result_frame', 'bootstrap_ci', 'ssdc_per_image', 'SSDCAccumulator', 'ssdc', 'model_grid_size', 'ssdc_curve',
-           'bench_ssdc']
+           'result_frame', 'bootstrap_ci', 'ssdc_per_image', 'SSDCAccumulator', 'ssdc', 'model_grid_size',
+           'patch_token_batches', 'ssdc_curve', 'bench_ssdc']
 
 # %% ../nbs/06_ssdc.ipynb #64f86a36
 DISTANCES = ('manhattan', 'euclidean')
@@ -319,6 +319,34 @@ def model_grid_size(model: nn.Module) -> tuple[int, int]:
     if g is None: raise ValueError(f"{type(model).__name__} has no patch_embed.grid_size: pass grid_size explicitly")
     return grid_hw(tuple(int(v) for v in g))
 
+@torch.no_grad()
+def patch_token_batches(model: nn.Module,
+                        batches: Iterable,                   # image batches: tensors or tuples (x, y, ...)
+                        layers: Sequence[int] | None = None, # blocks to tap (default: all)
+                        point: str = 'ln1',                  # `Recorder` tap point
+                        max_images: int | None = None,       # stop after exactly this many images
+                        show_progress: bool | None = None,
+                        comment: str = 'features',           # label of the progress bar
+                       ) -> Iterator[torch.Tensor]:          # (L, B, N, C) patch tokens per batch
+    "Run `batches` through `model` in eval mode without grad and yield each batch's patch tokens at `layers`."
+    if max_images is not None and max_images < 1: raise ValueError(f"max_images must be >= 1, got {max_images}")
+    device = next(model.parameters()).device
+    was_training, seen = model.training, 0
+    model.eval()
+    try:
+        with Recorder(model, point, layers=layers) as rec:
+            total = len(batches) if hasattr(batches, '__len__') else None
+            for batch in pbar(batches, total=total, show=show_progress, comment=comment):
+                x = _batch_images(batch)
+                if max_images is not None: x = x[:max_images - seen]
+                model(x.to(device))
+                seen += x.shape[0]
+                yield rec.patch_tokens(point)
+                if max_images is not None and seen >= max_images: break
+    finally: model.train(was_training)
+    if max_images is not None and 0 < seen < max_images:
+        warnings.warn(f"max_images={max_images} but the loader had only {seen} images")
+
 def ssdc_curve(model: nn.Module,
                batches: Iterable,                   # image batches: tensors or tuples (x, y, ...)
                grid_size: int | Sequence[int] | None = None, # default: `model.patch_embed.grid_size`
@@ -332,24 +360,11 @@ def ssdc_curve(model: nn.Module,
     "Stream `batches` through `model` and accumulate the SSDC of every block's LN1 input (`.compute()` -> (L,))."
     grid = model_grid_size(model) if grid_size is None else grid_hw(grid_size)
     check_choice('distance', metric, DISTANCES)
-    if max_images is not None and max_images < 1: raise ValueError(f"max_images must be >= 1, got {max_images}")
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), Recorder(model, point, layers=layers) as rec:
-            acc = SSDCAccumulator(grid, metric, per_image, layers=rec.layers)
-            total = len(batches) if hasattr(batches, '__len__') else None
-            for batch in pbar(batches, total=total, show=show_progress, comment='SSDC'):
-                x = _batch_images(batch)
-                if max_images is not None: x = x[:max_images - acc.n_images]
-                model(x.to(device))
-                acc.update(rec.patch_tokens(point))
-                if max_images is not None and acc.n_images >= max_images: break
-    finally: model.train(was_training)
+    layers = list(range(len(getattr(model, 'blocks', ())))) if layers is None else list(layers)
+    acc = SSDCAccumulator(grid, metric, per_image, layers=layers)
+    for feats in patch_token_batches(model, batches, layers, point, max_images, show_progress, comment='SSDC'):
+        acc.update(feats)
     acc._need_data()
-    if max_images is not None and acc.n_images < max_images:
-        warnings.warn(f"max_images={max_images} but the loader had only {acc.n_images} images")
     return acc
 
 # %% ../nbs/06_ssdc.ipynb #5ff4eaf1
