@@ -173,3 +173,66 @@ def test_safetensors_round_trip(tmp_path, pe):
 def test_package_does_not_depend_on_shared():
     for f in (ROOT / 'pe_anchors').rglob('*.py'):
         assert 'shared/' not in f.read_text(), f
+
+
+def test_conv_qkv_matches_brute_force_loop():
+    "Each q/k/v input of a patch token is the BN of a zero-padded depthwise 3x3 sum over its grid neighbours."
+    from pe_anchors.vit import ConvQKV
+    torch.manual_seed(0)
+    h, w, C, k = 3, 4, 5, 3
+    m = ConvQKV(C, (h, w), k, num_prefix_tokens=1).eval()
+    with torch.no_grad():
+        m.norm.running_mean.normal_(); m.norm.running_var.uniform_(.5, 2); m.norm.weight.normal_(); m.norm.bias.normal_()
+    x = torch.randn(2, 1 + h * w, C)
+    out = m(x)
+    W, bn = m.conv.weight.detach(), m.norm
+    for b in range(2):
+        for s in range(3):
+            assert torch.equal(out[s, b, 0], x[b, 0])                     # the CLS token passes through
+            for r in range(h):
+                for c in range(w):
+                    for ch in range(C):
+                        acc = 0.
+                        for dr in range(k):
+                            for dc in range(k):
+                                rr, cc = r + dr - k // 2, c + dc - k // 2
+                                if 0 <= rr < h and 0 <= cc < w:
+                                    acc += W[3 * ch + s, 0, dr, dc].item() * x[b, 1 + rr * w + cc, ch].item()
+                        o = 3 * ch + s
+                        want = (acc - bn.running_mean[o].item()) / math.sqrt(bn.running_var[o].item() + bn.eps) \
+                            * bn.weight[o].item() + bn.bias[o].item()
+                        assert out[s, b, 1 + r * w + c, ch].item() == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+def test_conv_qkv_branches_feed_q_k_v():
+    "A 1x1 kernel scaling branch s (q, k, v) by s+1 with identity BN: patch tokens get (s+1) W_s x + b_s, CLS W_s x + b_s."
+    from pe_anchors.vit import Attention
+    torch.manual_seed(0)
+    C, H = 32, 4
+    lin = Attention(C, H).eval()
+    conv = Attention(C, H, qkv_proj='conv', grid_size=(2, 3), qkv_kernel=1).eval()
+    conv.load_state_dict({**conv.state_dict(), **lin.state_dict()})
+    scale = torch.tensor([1., 2., 3.])
+    with torch.no_grad():
+        conv.conv_qkv.conv.weight.copy_(scale.repeat(C).view(3 * C, 1, 1, 1))    # output channel 3c + s -> s + 1
+        conv.conv_qkv.norm.eps = 0.
+    x = torch.randn(2, 7, C)
+    with torch.no_grad():
+        got, plain = conv._qkv(x), lin._qkv(x)                                  # (3, B, H, N, D)
+        scaled = lin._qkv(x * 0) + (lin._qkv(x) - lin._qkv(x * 0)) * scale.view(3, 1, 1, 1, 1)   # (s+1) W x + b
+    torch.testing.assert_close(got[..., 1:, :], scaled[..., 1:, :], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[..., :1, :], plain[..., :1, :], rtol=1e-5, atol=1e-6)
+
+
+def test_conv_qkv_round_trip_and_training_step(tmp_path):
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch2_16', pe='spe', qkv_proj='conv', qkv_kernel=5)
+    loss = m(torch.randn(4, 3, 16, 16)).logsumexp(-1).mean()
+    loss.backward()
+    assert m.blocks[0].attn.conv_qkv.conv.weight.grad.abs().sum() > 0
+    m.eval()
+    p = save_checkpoint(m, tmp_path / 'conv.safetensors')
+    m2 = load_checkpoint(p).eval()
+    assert m2.qkv_proj == 'conv' and m2.blocks[0].attn.conv_qkv.kernel_size == 5
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad(): assert torch.equal(m(x), m2(x))

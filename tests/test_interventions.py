@@ -225,3 +225,18 @@ def test_plot_ssdc_paper_style(batches):
     assert set(paper_curves('rpi')) == {'APE (paper)', 'RoPE (paper)', 'SPE (paper)'}
     assert all(len(v) == 12 for d in PAPER_SSDC.values() for v in d.values())
     import matplotlib.pyplot as plt; plt.close('all')
+
+
+def test_measure_ssdc_at_another_tap_point(batches):
+    "`point` reaches the recorder: SSDC of the blocks' outputs, by hand from Recorder features, under a fixed RPI draw."
+    from pe_anchors.vit import Recorder
+    from pe_anchors.ssdc import ssdc as ssdc_of
+    model = vit('spe').eval()
+    runs = measure_ssdc(model, batches, 'rpi', n_perms=1, perm_seed=5, point='block', layers=[1, 2])
+    feats = []
+    with torch.no_grad(), TokenPermutation(model, mode='batch', seed=5), Recorder(model, 'block', layers=[1, 2]) as rec:
+        for x in batches:
+            model(x); feats.append(rec.patch_tokens('block'))
+    want = ssdc_of(torch.cat(feats, dim=1), 8).numpy()
+    np.testing.assert_allclose(runs.values[0], want, atol=1e-5)                  # float32 sums in another order
+    assert not np.allclose(runs.values[0], measure_ssdc(model, batches, 'rpi', 1, 5, layers=[1, 2]).values[0])
