@@ -158,3 +158,34 @@ def test_withheld_retention_ends():
     assert df.withheld.tolist() == [0, 2, 4]
     np.testing.assert_allclose(df.retention.iloc[[0, 2]], [1., 0.], atol=1e-12)
     with pytest.raises(ValueError, match='k must be in'): withheld_retention(m, imgs, ks=[5])
+
+
+def test_probe_knockouts_refit_matches_manual_fit():
+    from pe_anchors.mech.position import probe_knockouts
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch1_8', pe='rope', num_classes=10).eval()
+    with torch.no_grad():
+        for p in m.parameters(): p.mul_(3)
+    imgs = [torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    df = probe_knockouts(m, imgs, layer=2, axes=('row',), targets=('row', 'col'), refit=True, steps=100)
+    assert sorted(set(df.knockout)) == ['none', 'row'] and df.refit.all() and (df.layer == 2).all()
+    with rope_knockout(m, 'row'):
+        f = layer_tokens(m, imgs, 2)
+    want = fit_position_probes(f, 8, ('row', 'col'), steps=100).table.set_index('target').test_acc
+    got = df[df.knockout == 'row'].set_index('target').test_acc
+    assert got.to_dict() == want.to_dict()
+    base = fit_position_probes(layer_tokens(m, imgs, 2), 8, ('row', 'col'), steps=100).table.set_index('target').test_acc
+    assert df[df.knockout == 'none'].set_index('target').test_acc.to_dict() == base.to_dict()
+
+
+def test_rebuild_scan_on_timm_eva():
+    from pe_anchors.mech.position import rebuild_heads
+    m = _timm('vit_small_patch16_rope_224')
+    imgs = [torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    df = rebuild_heads(m, imgs, withheld=1, n_perms=1, show_progress=False)
+    assert len(df) == 6 and set(df.block) == {1} and sorted(df['head']) == list(range(6))
+    assert (df.ssdc_lost.diff().dropna() <= 0).all()
+    np.testing.assert_allclose(df.ssdc_lost, df.ssdc_withheld - df.ssdc)
+    wr = withheld_retention(m, imgs, n_perms=1, show_progress=False)
+    np.testing.assert_allclose(wr.retention.iloc[[0, -1]], [1., 0.], atol=1e-12)
+    assert wr.ssdc.iloc[1] == pytest.approx(df.ssdc_withheld.iloc[0])   # k = 1 withheld: the scan's reference
