@@ -189,3 +189,13 @@ def test_rebuild_scan_on_timm_eva():
     wr = withheld_retention(m, imgs, n_perms=1, show_progress=False)
     np.testing.assert_allclose(wr.retention.iloc[[0, -1]], [1., 0.], atol=1e-12)
     assert wr.ssdc.iloc[1] == pytest.approx(df.ssdc_withheld.iloc[0])   # k = 1 withheld: the scan's reference
+
+
+def test_nested_timm_knockouts_read_the_models_own_tables(x64):
+    "An inner knockout classifies planes from the model's tables, not from those an outer knockout already rewrote."
+    m = _timm('vit_small_patch16_rope_224')
+    with rope_knockout(m, 'row'):
+        np.testing.assert_array_equal(rotary_axes(m), rotary_axes(_timm('vit_small_patch16_rope_224')))
+        with rope_knockout(m, 'row', blocks=[1]), rope_knockout(m, 'col'):
+            assert max(_sens(m, x64).values()) < 1e-5
+        assert _sens(m, x64)['row'] < 1e-5 < 1e-3 < _sens(m, x64)['col']

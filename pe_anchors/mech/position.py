@@ -209,7 +209,8 @@ def _rotary_kind(model: nn.Module) -> str:
 def _timm_ropes(model: nn.Module) -> list[torch.Tensor]:
     "The `rope` tensor each block of a timm Eva receives, recorded in one eval forward pass of a blank image."
     ropes, blocks = {}, model.blocks
-    hooks = [b.register_forward_pre_hook(lambda m, a, kw, i=i: ropes.__setitem__(i, kw.get('rope')), with_kwargs=True)
+    hooks = [b.register_forward_pre_hook(lambda m, a, kw, i=i: ropes.__setitem__(i, kw.get('rope')), with_kwargs=True,
+                                         prepend=True)          # before any knockout hook: the model's own tables
              for i, b in enumerate(blocks)]
     p = next(model.parameters())
     was_training = model.training
@@ -230,27 +231,30 @@ def _timm_layout(sin: torch.Tensor) -> str:
     if torch.equal(sin[..., :d // 2], sin[..., d // 2:]): return 'half'
     raise ValueError("unrecognised timm rope layout: the sine table pairs no elements")
 
-def rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]: # sin, cos: (depth, heads or 1, N, planes)
-    "Sine and cosine of each block's (unmasked) rotation angle for every patch token and plane."
+def _rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, str | None]:
+    "`rotary_tables` and, for a timm model, the layout of its rope tensors (None for a PEViT)."
     kind, depth = _rotary_kind(model), len(model.blocks)
     if kind == 'pevit':
         pe = model.pos_embed
         a = torch.stack([pe.base_angles(i if pe.depth > 1 else 0).detach().float() for i in range(depth)])
-        return a.sin(), a.cos()
+        return a.sin(), a.cos(), None
     sins, coss = [], []
     for r in _timm_ropes(model):
         s, c = r.detach().float().chunk(2, -1)
         if s.ndim == 2: s, c = s[None], c[None]                      # (1, N, D): shared by all heads
-        if _timm_layout(s) == 'interleaved': s, c = s[..., 0::2], c[..., 0::2]
+        layout = _timm_layout(s)
+        if layout == 'interleaved': s, c = s[..., 0::2], c[..., 0::2]
         else: s, c = s[..., :s.shape[-1] // 2], c[..., :c.shape[-1] // 2]
         sins.append(s); coss.append(c)
     heads = max(s.shape[0] for s in sins)
     return (torch.stack([s.expand(heads, -1, -1) for s in sins]).cpu(),
-            torch.stack([c.expand(heads, -1, -1) for c in coss]).cpu())
+            torch.stack([c.expand(heads, -1, -1) for c in coss]).cpu(), layout)
 
-def rotary_axes(model: nn.Module, tol: float = 1e-5) -> np.ndarray: # (depth, num_heads, planes) of str
-    "The coordinate each rotary plane of each block and head follows: 'row', 'col', 'mixed' or 'none'."
-    sin, cos = rotary_tables(model)
+def rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]: # sin, cos: (depth, heads or 1, N, planes)
+    "Sine and cosine of each block's (unmasked) rotation angle for every patch token and plane."
+    return _rotary_tables(model)[:2]
+
+def _classify_planes(model: nn.Module, sin: torch.Tensor, cos: torch.Tensor, tol: float = 1e-5) -> np.ndarray:
     L, Hh, N, P = sin.shape
     gh, gw = model_grid_size(model)
     if N != gh * gw: raise ValueError(f"the rotary tables have {N} tokens, the patch grid {gh}x{gw} has {gh * gw}")
@@ -262,6 +266,10 @@ def rotary_axes(model: nn.Module, tol: float = 1e-5) -> np.ndarray: # (depth, nu
     axes[(down_col & ~along_row).numpy()] = 'row'
     axes[(along_row & down_col).numpy()] = 'mixed'
     return np.broadcast_to(axes, (L, model.blocks[0].attn.num_heads, P)).copy()
+
+def rotary_axes(model: nn.Module, tol: float = 1e-5) -> np.ndarray: # (depth, num_heads, planes) of str
+    "The coordinate each rotary plane of each block and head follows: 'row', 'col', 'mixed' or 'none'."
+    return _classify_planes(model, *rotary_tables(model), tol)
 
 # %% ../../nbs/11_mech.position.ipynb #75cac71f
 def _index_set(name: str, idx, n: int) -> list[int]:
@@ -277,8 +285,10 @@ def knockout_mask(model: nn.Module,
                   heads: int | Sequence[int] | None = None,  # default: every head
                  ) -> torch.Tensor:                        # (depth, num_heads, planes) float: 1 keeps, 0 knocks out
     "The plane mask that withholds rotations on the `axis` planes of `heads` in `blocks`."
+    return _mask_from_axes(rotary_axes(model), axis, blocks, heads)
+
+def _mask_from_axes(axes: np.ndarray, axis: str, blocks, heads) -> torch.Tensor:
     check_choice('knockout axis', axis, ROPE_AXES)
-    axes = rotary_axes(model)
     L, H, P = axes.shape
     b, h = _index_set('block', blocks, L), _index_set('head', heads, H)
     planes = np.ones_like(axes, dtype=bool) if axis == 'all' else axes == axis
@@ -297,8 +307,9 @@ def rope_knockout(model: nn.Module,
                   heads: int | Sequence[int] | None = None,
                  ):
     "Withhold rotary rotations (sin 0, cos 1) on the `axis` planes of `heads` in `blocks` while inside."
-    mask = knockout_mask(model, axis, blocks, heads)                  # (L, H, P)
-    if _rotary_kind(model) == 'pevit':
+    sin, cos, layout = _rotary_tables(model)                         # one pass over the model for tables and layout
+    mask = _mask_from_axes(_classify_planes(model, sin, cos), axis, blocks, heads)   # (L, H, P)
+    if layout is None:                                                # a PEViT: its rotary module takes the mask
         pe = model.pos_embed
         old = pe.plane_mask
         if pe.depth == 1:                                              # one angle table shared by all blocks
@@ -310,7 +321,6 @@ def rope_knockout(model: nn.Module,
         try: yield model
         finally: pe.plane_mask = old
         return
-    layout = _timm_layout(_timm_ropes(model)[0].chunk(2, -1)[0])
     elem = mask.repeat_interleave(2, -1) if layout == 'interleaved' else torch.cat([mask, mask], -1)  # (L, H, D)
     def hook(module, args, kwargs, i):
         rope = kwargs.get('rope')
@@ -365,8 +375,9 @@ def probe_knockouts(model: nn.Module,
     grid = model_grid_size(model)
     feats = lambda: layer_tokens(model, batches, layer, point, max_images, show_progress=False)
     fit = lambda f: fit_position_probes(f, grid, targets, test_frac, seed, show_progress=False, **fit_kwargs)
-    base = fit(feats())
-    frames = [base.score(feats(), knockout='none')]
+    intact = feats()
+    base = fit(intact)
+    frames = [base.score(intact, knockout='none')]
     for a in pbar(list(dict.fromkeys([*axes, 'all'])), show=show_progress, comment='knockouts'):
         with rope_knockout(model, a): f = feats()
         frames.append(fit(f).table.assign(knockout=a)[['knockout', 'target', 'chance', 'test_acc']] if refit
