@@ -144,10 +144,10 @@ class PEViT(nn.Module):
                                           num_prefix_tokens=self.num_prefix_tokens, **(pe_kwargs or {}))
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()
-        conv = dict(qkv_proj=qkv_proj, grid_size=self.grid_size, qkv_kernel=qkv_kernel,
-                    num_prefix_tokens=self.num_prefix_tokens) if qkv_proj != 'linear' else {}
+        attn = dict(qkv_proj=qkv_proj, grid_size=self.grid_size, qkv_kernel=qkv_kernel,
+                    num_prefix_tokens=self.num_prefix_tokens)
         self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias, proj_drop_rate, attn_drop_rate,
-                                           dpr[i], layer=i, **conv) for i in range(depth)])
+                                           dpr[i], layer=i, **attn) for i in range(depth)])
         self.norm = nn.LayerNorm(embed_dim) if final_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
