@@ -32,7 +32,7 @@ def _overrides(a) -> dict:
 
 def _data_kwargs(name: str, path: str | None) -> dict:
     if path is None: return {}
-    return {'cifar10': {'source': path}, 'imagenet100': {'root': path}}.get(name, {})
+    return {'path': path} if name in ('cifar10', 'imagenet100') else {}
 
 def _load_experiment(config: str, a):
     from pe_anchors.experiment import Experiment, PRESETS, preset

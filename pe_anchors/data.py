@@ -360,7 +360,7 @@ def _splits(root: Path, classes, size: int, check: str, in_memory: bool, name: s
             out.append(ImageSplit(torch.tensor(labels, dtype=torch.long), files=files))
     return out
 
-def image_folder(root: str | Path,
+def image_folder(path: str | Path,                  # folder with train/ and val|valid|test/ class folders
                  img_size: int = 224,              # side S the images are squashed to for evaluation (and stored at)
                  mean: Sequence[float] = IMAGENET_MEAN,
                  std: Sequence[float] = IMAGENET_STD,
@@ -371,7 +371,7 @@ def image_folder(root: str | Path,
                  name: str | None = None,
                 ) -> ImageData:
     "An `ImageData` from `root/train/<class>/*` and `root/val|valid|test/<class>/*`."
-    root = Path(root).expanduser()
+    root = Path(path).expanduser()
     if not root.is_dir(): raise _layout_error(root, f"dataset folder {root} does not exist")
     if not (root / 'train').is_dir(): raise _layout_error(root, f"no train/ folder in {root}")
     vdir = _valid_dir(root)
@@ -387,16 +387,16 @@ def image_folder(root: str | Path,
     train, valid = _splits(root, classes, img_size, check, in_memory, name or root.name)
     return ImageData(name or root.name, classes, img_size, tuple(mean), tuple(std), train, valid,
                      default_aug or ('crop_flip' if in_memory else 'rrc_flip'),
-                     spec=dict(builder='image_folder', root=str(root), img_size=img_size, in_memory=in_memory))
+                     spec=dict(builder='image_folder', path=str(root), img_size=img_size, in_memory=in_memory))
 
 # %% ../nbs/03_data.ipynb #f1fdd00f
-def imagenet100(root: str | Path,
+def imagenet100(path: str | Path,                   # an ImageNet-1k or ImageNet-100 folder (train/, val/)
                 img_size: int = 224,
                 check: str = 'header',            # 'header', 'full' or 'none' (see `image_folder`)
                 in_memory: bool = False,
                ) -> ImageData:
     "ImageNet-100 (CMC classes, `IMAGENET100_WNIDS`) from an ImageNet-1k or an extracted ImageNet-100 folder."
-    root = Path(root).expanduser()
+    root = Path(path).expanduser()
     if not root.is_dir(): raise _layout_error(root, f"ImageNet folder {root} does not exist")
     vdir = _valid_dir(root)
     for d in (root / 'train', vdir):
@@ -406,7 +406,7 @@ def imagenet100(root: str | Path,
                                     f"{' ...' if len(missing) > 20 else ''}\n" + _LAYOUT.format(root=root).replace('<class>', '<wnid>'))
     data = image_folder(root, img_size, IMAGENET_MEAN, IMAGENET_STD, classes=sorted(IMAGENET100_WNIDS), in_memory=in_memory,
                         check=check, default_aug='rrc_flip', name='imagenet100')
-    data.spec = dict(builder='imagenet100', root=str(root), img_size=img_size)
+    data.spec = dict(builder='imagenet100', path=str(root), img_size=img_size)
     return data
 
 # %% ../nbs/03_data.ipynb #4438ef72
@@ -416,18 +416,19 @@ def _npz_split(d, split: str) -> ImageSplit:
     imgs = decode_jpeg([buf[off[i]:off[i + 1]] for i in range(len(off) - 1)], mode=ImageReadMode.RGB)
     return ImageSplit(torch.from_numpy(d[f'{split}_labels'].astype(np.int64)), images=torch.stack(imgs))
 
-def cifar10(source: str | Path | None = None,  # a folder (train/, val|test/) or a packed .npz
-            download: bool = False,            # with no `source`: fetch fastai's URLs.CIFAR (network)
+def cifar10(path: str | Path | None = None,    # a folder (train/, val|test/) or a packed .npz; default: $PE_ANCHORS_CIFAR10
+            download: bool = False,            # with no `path`: fetch fastai's URLs.CIFAR (network)
             img_size: int = 32,
            ) -> ImageData:
     "CIFAR-10 in memory from a class folder or a packed npz; downloads only when `download=True`."
-    if source is None:
+    if path is None: path = os.environ.get('PE_ANCHORS_CIFAR10') or None
+    if path is None:
         if not download:
-            raise ValueError("cifar10() needs `source` (a folder with train/ and val|test/, or a packed .npz); "
-                             "pass download=True to fetch fastai's copy (URLs.CIFAR) over the network")
+            raise ValueError("cifar10() needs `path` (a folder with train/ and val|test/, or a packed .npz; or set "
+                             "PE_ANCHORS_CIFAR10); pass download=True to fetch fastai's copy (URLs.CIFAR) over the network")
         from fastai.data.external import untar_data, URLs
-        source = untar_data(URLs.CIFAR)
-    source = Path(source).expanduser()
+        path = untar_data(URLs.CIFAR)
+    source = Path(path).expanduser()
     if source.suffix == '.npz':
         if not source.exists(): raise FileNotFoundError(f"no npz at {source}")
         with np.load(source) as d:
@@ -437,9 +438,9 @@ def cifar10(source: str | Path | None = None,  # a folder (train/, val|test/) or
             from torchvision.transforms.v2.functional import resize
             train.images, valid.images = (resize(s.images, [img_size] * 2, antialias=True) for s in (train, valid))
         return ImageData('cifar10', classes, img_size, CIFAR10_MEAN, CIFAR10_STD, train, valid, 'crop_flip',
-                         spec=dict(builder='cifar10', source=str(source), img_size=img_size))
+                         spec=dict(builder='cifar10', path=str(source), img_size=img_size))
     data = image_folder(source, img_size, CIFAR10_MEAN, CIFAR10_STD, in_memory=True, default_aug='crop_flip', name='cifar10')
-    data.spec = dict(builder='cifar10', source=str(source), img_size=img_size)
+    data.spec = dict(builder='cifar10', path=str(source), img_size=img_size)
     return data
 
 # %% ../nbs/03_data.ipynb #ea4126ba

@@ -34,7 +34,7 @@ class Experiment:
     "A declarative experiment: `conditions` × `seeds` trained on `data` with `recipe`, then the paper's measurements."
     name: str = 'experiment'
     data: str = 'digits'                    # a dataset name or path (`data.get_data`)
-    data_kwargs: dict = field(default_factory=dict)     # e.g. {'source': '/data/cifar10.npz'} or {'root': ...}
+    data_kwargs: dict = field(default_factory=dict)     # builder arguments, e.g. {'path': '/data/cifar10.npz'}
     model: str | None = None                # timm name (default: from the image size, `learner.DEFAULT_MODELS`)
     model_kwargs: dict = field(default_factory=dict)
     conditions: list = field(default_factory=lambda: list(PAPER_CONDITIONS))
@@ -99,6 +99,8 @@ PRESETS = {
                    shift_ref_size=64),
     'cifar10': dict(name='cifar10', data='cifar10', model='pe_vit_tiny_patch4_32',
                     train_kwargs=dict(epochs=20, bs=512, lr=2e-3), ssdc_images=1000),
+    'cifar10-cpu': dict(name='cifar10-cpu', data='cifar10', model='pe_vit_nano_patch4_32',
+                        train_kwargs=dict(epochs=20, bs=128, lr=2e-3), ssdc_images=1000, shift_ref_size=64),
     'imagenet100': dict(name='imagenet100', data='imagenet100', model='pe_vit_small_patch16_224', recipe='paper',
                         seeds=[0, 1, 2, 3], ssdc_images=1000, severities=True),
 }

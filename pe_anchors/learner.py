@@ -56,9 +56,10 @@ class Recipe:
     bf16: bool = False                  # bf16 autocast (CUDA only)
     channels_last: bool = False         # CUDA only
     compile: bool = False               # torch.compile the model (in place, state-dict keys unchanged)
+    model_style: str = 'timm'           # pe_vit models: 'timm' or 'released' init and dropout sites (`vit.MODEL_STYLES`)
 
 RECIPES = {
-    'paper': Recipe(),
+    'paper': Recipe(model_style='released'),
     'fast': Recipe(pct_start=0.25, moms=None, bf16=True, channels_last=True),
 }
 
@@ -300,7 +301,9 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
             raise ValueError(f"no default model for {data.img_size}px images; pass model= (one of {timm.list_models('pe_*')})")
         model = DEFAULT_MODELS[data.img_size]
     set_seed(seed, reproducible=True)
-    net = timm.create_model(model, pe=pe, num_classes=data.c, **(model_kwargs or {}))
+    mkw = dict(model_kwargs or {})
+    if model.startswith('pe_vit'): mkw.setdefault('style', r.model_style)      # the recipe's init and dropout sites
+    net = timm.create_model(model, pe=pe, num_classes=data.c, **mkw)
     if net.patch_embed.img_size[0] != data.img_size:
         raise ValueError(f"{model} expects {net.patch_embed.img_size[0]}px images but {data.name} has {data.img_size}px")
     dls = data.dls(r.bs, device=device, aug=r.aug, mixup=r.mixup, channels_last=r.channels_last and cuda)

@@ -19,13 +19,15 @@ from .core import check_choice, grid_hw
 from .pos_embed import PosEmbed, create_pos_embed, PE_NAMES
 
 # %% auto #0
-__all__ = ['QKV_PROJECTIONS', 'MODEL_CONFIGS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'TAP_POINTS', 'PERM_MODES', 'ConvQKV',
-           'Attention', 'Block', 'PEViT', 'create_pe_vit', 'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6',
-           'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16', 'pe_vit_nano_patch1_8', 'Recorder', 'apply_token_perm',
-           'TokenPermutation', 'save_checkpoint', 'load_checkpoint']
+__all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'MODEL_CONFIGS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'TAP_POINTS', 'PERM_MODES',
+           'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit', 'pe_vit_small_patch16_224',
+           'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16', 'pe_vit_nano_patch4_32',
+           'pe_vit_nano_patch1_8', 'Recorder', 'apply_token_perm', 'TokenPermutation', 'save_checkpoint',
+           'load_checkpoint']
 
 # %% ../nbs/02_vit.ipynb #91a9cf90
 QKV_PROJECTIONS = ('linear', 'conv')
+MODEL_STYLES = ('timm', 'released')
 
 class ConvQKV(nn.Module):
     "Depthwise convolutions over the patch-token grid in front of the q, k and v projections; prefix tokens pass through."
@@ -90,14 +92,16 @@ class Attention(nn.Module):
 class Block(nn.Module):
     "Pre-LN transformer block; `norm1`'s output is the paper's SSDC measurement point."
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True, proj_drop: float = 0.,
-                 attn_drop: float = 0., drop_path: float = 0., layer: int = 0, **attn_kwargs):
+                 attn_drop: float = 0., drop_path: float = 0., layer: int = 0,
+                 mlp_drop: float | tuple | None = None, # MLP dropout (after the hidden layer, after fc2); default proj_drop
+                 **attn_kwargs):
         super().__init__()
         self.layer = layer
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, proj_drop, **attn_kwargs)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop if mlp_drop is None else mlp_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
     def forward(self, x: torch.Tensor, pos_embed: PosEmbed | None = None) -> torch.Tensor:
@@ -127,10 +131,12 @@ class PEViT(nn.Module):
                  final_norm: bool = False,       # LayerNorm before the head (timm default True; released code: none)
                  qkv_proj: str = 'linear',       # 'conv': depthwise convolutions before q/k/v (Xu 2025), else linear
                  qkv_kernel: int = 3,            # their kernel size (odd)
+                 style: str = 'timm',            # 'timm' or 'released': initialisation and dropout sites (`MODEL_STYLES`)
                 ):
         super().__init__()
         check_choice('positional encoding', pe, PE_NAMES)
         check_choice('qkv projection', qkv_proj, QKV_PROJECTIONS)
+        self.style = check_choice('model style', style, MODEL_STYLES)
         pos_drop_rate, attn_drop_rate, proj_drop_rate = (drop_rate if r is None else r
                                                          for r in (pos_drop_rate, attn_drop_rate, proj_drop_rate))
         self.pe, self.qkv_proj, self.num_classes, self.depth = pe, qkv_proj, num_classes, depth
@@ -146,14 +152,24 @@ class PEViT(nn.Module):
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()
         attn = dict(qkv_proj=qkv_proj, grid_size=self.grid_size, qkv_kernel=qkv_kernel,
                     num_prefix_tokens=self.num_prefix_tokens)
-        self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias, proj_drop_rate, attn_drop_rate,
-                                           dpr[i], layer=i, **attn) for i in range(depth)])
+        # 'released' drops only on the attention weights and the MLP hidden layer (plus the embedding, above)
+        out_drop, mlp_drop = (0., (proj_drop_rate, 0.)) if style == 'released' else (proj_drop_rate, None)
+        self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias, out_drop, attn_drop_rate,
+                                           dpr[i], layer=i, mlp_drop=mlp_drop, **attn) for i in range(depth)])
         self.norm = nn.LayerNorm(embed_dim) if final_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.init_weights()
+        self.init_weights(style)
 
-    def init_weights(self):
-        "timm-style initialisation: truncated-normal linear weights (std .02), zero biases, CLS ~ N(0, 1e-6)."
+    def init_weights(self, style: str = 'timm'):
+        "timm: truncated-normal linear weights (std .02), zero biases, CLS ~ N(0, 1e-6); released: PyTorch defaults, N(0, 1) CLS and position rows."
+        if check_choice('model style', style, MODEL_STYLES) == 'released':
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Conv2d, nn.LayerNorm, nn.BatchNorm2d)): m.reset_parameters()
+            nn.init.normal_(self.cls_token)                          # torch.randn, as the released model
+            for name in ('pos_embed', 'prefix_pos'):                 # an nn.Embedding table there: N(0, 1)
+                t = getattr(self.pos_embed, name, None)
+                if isinstance(t, nn.Parameter): nn.init.normal_(t)
+            return
         nn.init.normal_(self.cls_token, std=1e-6)
         def _init(m):
             if isinstance(m, nn.Linear):
@@ -195,6 +211,8 @@ MODEL_CONFIGS = {
     'pe_vit_tiny_patch4_32': dict(img_size=32, patch_size=4, embed_dim=192, depth=6, num_heads=4, num_classes=10,
                                   drop_rate=.1, drop_path_rate=.1),
     'pe_vit_nano_patch2_16': dict(img_size=16, patch_size=2, embed_dim=64, depth=4, num_heads=4, num_classes=10,
+                                  drop_rate=0., drop_path_rate=.05),
+    'pe_vit_nano_patch4_32': dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4, num_classes=10,
                                   drop_rate=0., drop_path_rate=.05),
     'pe_vit_nano_patch1_8': dict(img_size=8, patch_size=1, embed_dim=64, depth=4, num_heads=4, num_classes=10,
                                  drop_rate=0., drop_path_rate=.05),
@@ -238,6 +256,11 @@ def pe_vit_tiny_patch4_32(pretrained=False, **kwargs) -> PEViT:
 def pe_vit_nano_patch2_16(pretrained=False, **kwargs) -> PEViT:
     "Digits config: 16 px (digits upsampled), patch 2 (8x8 grid), 64 x 4, 4 heads; trains on a CPU in seconds."
     return create_pe_vit('pe_vit_nano_patch2_16', pretrained=pretrained, **kwargs)
+
+@register_model
+def pe_vit_nano_patch4_32(pretrained=False, **kwargs) -> PEViT:
+    "CIFAR-10 on a CPU: 32 px, patch 4 (8x8 grid), 64 x 4, 4 heads (the nano width at CIFAR's own resolution)."
+    return create_pe_vit('pe_vit_nano_patch4_32', pretrained=pretrained, **kwargs)
 
 @register_model
 def pe_vit_nano_patch1_8(pretrained=False, **kwargs) -> PEViT:
