@@ -7,13 +7,14 @@ from __future__ import annotations
 import math, os, platform, sys
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 from fastprogress.fastprogress import progress_bar
 from timm.layers import to_2tuple
 
 # %% auto #0
 __all__ = ['CONDITIONS', 'PAPER_CONDITIONS', 'RESULT_COLUMNS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
-           'condition_spec', 'condition_label', 'condition_order', 'result_row', 'show_progress', 'pbar',
+           'image_rng', 'condition_spec', 'condition_label', 'condition_order', 'result_row', 'show_progress', 'pbar',
            'hardware_info']
 
 # %% ../nbs/00_core.ipynb #419c0931
@@ -48,6 +49,11 @@ def check_finite(x: torch.Tensor, name: str = 'input') -> torch.Tensor:
         if n == 0: return x                                           # the sum overflowed, the values are finite
         raise ValueError(f"{name} has {n} non-finite value(s) (NaN or inf); check the model output / data")
     return x
+
+# %% ../nbs/00_core.ipynb #78ce04d9
+def image_rng(seed: int, index: int) -> np.random.Generator:
+    "The generator of item `index` of a set randomised with `seed` (numpy's `default_rng([seed, index])`)."
+    return np.random.default_rng([int(seed), int(index)])
 
 # %% ../nbs/00_core.ipynb #b01a6b50
 CONDITIONS = {

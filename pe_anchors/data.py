@@ -22,7 +22,7 @@ from .vit import IMAGENET_MEAN, IMAGENET_STD
 # %% auto #0
 __all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'DATASETS',
            'translate_flip', 'resized_crop', 'random_boxes', 'BatchAug', 'decode_file', 'ImageSplit', 'ImageDL',
-           'ImageData', 'image_folder', 'imagenet100', 'cifar10', 'digits', 'get_data']
+           'ImageData', 'image_folder', 'imagenet100', 'cifar10', 'digits', 'get_data', 'stratified_sample']
 
 # %% ../nbs/03_data.ipynb #c07fe4ea
 # ImageNet-100 as defined by the CMC paper's class file: Tian, Krishnan & Isola, "Contrastive Multiview Coding",
@@ -475,3 +475,22 @@ def get_data(name: str | Path | ImageData = 'digits', **kwargs) -> ImageData:
     p = Path(name).expanduser()
     if p.suffix == '.npz' or p.exists(): return (cifar10 if p.suffix == '.npz' else image_folder)(p, **kwargs)
     raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or an existing folder path")
+
+# %% ../nbs/03_data.ipynb #3ac0d805
+def stratified_sample(labels,              # (N,) class labels of the split
+                      n: int,              # sample size (all N indices when n >= N)
+                      seed: int = 0,
+                     ) -> torch.Tensor:    # (n,) sorted long indices into the split
+    "Exactly `n` indices, each class in proportion to its share of `labels` (largest remainder), drawn with `seed`."
+    labels = np.asarray(labels.cpu() if torch.is_tensor(labels) else labels)
+    N = len(labels)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"sample size n must be a positive int, got {n!r}")
+    if n >= N: return torch.arange(N)
+    classes, counts = np.unique(labels, return_counts=True)
+    quota = counts * n / N
+    k = np.floor(quota).astype(np.int64)
+    k[np.argsort(-(quota - k), kind='stable')[:n - k.sum()]] += 1        # largest remainders, ties in class order
+    rng = np.random.default_rng(seed)
+    idx = np.concatenate([rng.choice(np.flatnonzero(labels == c), size=kc, replace=False) for c, kc in zip(classes, k)])
+    return torch.from_numpy(np.sort(idx)).long()

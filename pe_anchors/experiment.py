@@ -16,7 +16,7 @@ from torch import nn
 
 from .core import (CONDITIONS, PAPER_CONDITIONS, RESULT_COLUMNS, check_choice, condition_spec, hardware_info,
                              pbar, result_row, show_progress)
-from .data import ImageData, get_data
+from .data import ImageData, get_data, stratified_sample
 from .vit import load_checkpoint
 from .callback.permute import unwrap_model
 from .learner import pe_learner, train
@@ -42,8 +42,9 @@ class Experiment:
     recipe: str = 'fast'                    # `learner.RECIPES` name
     train_kwargs: dict = field(default_factory=dict)    # `Recipe` fields: epochs, bs, lr, ...
     ssdc_images: int = 1000                 # images the SSDC is averaged over (the paper does not say; its code used <= 1000)
+    sample_seed: int = 0                    # seed of the class-stratified SSDC sample (the same for every run)
     n_perms: int = 8                        # RPI permutation draws averaged per measurement
-    rpi_mode: str = 'rpi'                   # 'rpi' (one permutation per batch, the paper) or 'rpi_sample' (per image)
+    rpi_mode: str = 'rpi'                   # 'rpi' (one permutation per draw, the paper's) or 'rpi_image' (one per image)
     untrained: bool = True                  # also measure every condition at initialisation (Fig. 1)
     alphas: list = field(default_factory=lambda: list(PAPER_ALPHAS))
     alpha_conditions: list = field(default_factory=lambda: ['ape', 'spe'])  # α sweeps (Tables 1, 3, 4)
@@ -116,20 +117,31 @@ def preset(name: str, **overrides) -> Experiment:
 # %% ../nbs/09_experiment.ipynb #5dac7bf2
 class EvalData:
     "The evaluation sets of one dataset, built once: uint8 batches (shifts), normalised SSDC batches, cached shifted sets."
-    def __init__(self, data: ImageData, ssdc_images: int = 1000, eval_bs: int = 256, device=None,
-                 cache_dir: str | Path | None = None):
+    def __init__(self, data: ImageData,
+                 ssdc_images: int = 1000,                # exactly this many images (all when the split is smaller)
+                 eval_bs: int = 256, device=None,
+                 cache_dir: str | Path | None = None,
+                 sample_seed: int = 0):                  # seed of the class-stratified SSDC sample
         self.data, self.eval_bs = data, eval_bs
         self.device = torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
         x, y = shifted_set(data.valid_uint8(bs=eval_bs, device=self.device), None, device=self.device)  # uint8, on CPU
         self.images, self.labels = x, y
         self.clean = TensorBatches(x, y, eval_bs)
-        n = min(ssdc_images, len(x))
-        self.ssdc_batches = [data.normalize(x[i:i + eval_bs].to(self.device)) for i in range(0, n, eval_bs)]
-        self.n_ssdc = n
+        self.ssdc_index, self.sample_seed = stratified_sample(y, ssdc_images, sample_seed), sample_seed
+        xs = x[self.ssdc_index]
+        self.ssdc_batches = [data.normalize(xs[i:i + eval_bs].to(self.device)) for i in range(0, len(xs), eval_bs)]
+        self.n_ssdc = len(xs)
         spec = json.dumps(data.spec or dict(name=data.name), sort_keys=True)
         self.dataset_id = f"{data.name}-valid-{data.img_size}px-{hashlib.sha1(spec.encode()).hexdigest()[:8]}"
         self.cache_dir = cache_dir
         self._sets = {}
+
+    def sample_record(self) -> dict:
+        "The SSDC sample as a JSON-able record: size, seed, images per class, indices and their sha1."
+        idx = self.ssdc_index.tolist()
+        per_class = torch.bincount(self.labels[self.ssdc_index], minlength=self.data.c).tolist()
+        return dict(n_images=len(idx), seed=self.sample_seed, stratified_by='class', per_class=per_class,
+                    sha1=hashlib.sha1(json.dumps(idx).encode()).hexdigest(), indices=idx)
 
     def shifts(self, severities: bool = False, ref_size: int = 224) -> list:
         "The paper's JPEG and blur shifts at this resolution (blur scaled by img_size / ref_size; ImageNet-C 1-5 if asked)."
@@ -287,7 +299,8 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
     show = show_progress(show)
     verbose = show if verbose is None else verbose
     if data is None: data = get_data(exp.data, **exp.data_kwargs)
-    ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device, cache_dir=out_dir / 'cache')
+    ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device, cache_dir=out_dir / 'cache', sample_seed=exp.sample_seed)
+    _write_atomic(out_dir / 'ssdc_sample.json', json.dumps(ev.sample_record()))
     _write_atomic(out_dir / 'shifts.json', json.dumps({s.name: s.description() for s in
                                                        ev.shifts(exp.severities, exp.shift_ref_size)}, indent=2))
     mine = exp.runs()[index::count]

@@ -36,7 +36,7 @@ class Explorer:
         key = (name, mode)
         if key not in self._sim:
             model = self.models[check_choice('model', name, self.models)]
-            hook = TokenPermutation(model, mode='batch', seed=self.perm_seed) if mode == 'rpi' else nullcontext()
+            hook = TokenPermutation(model, mode='draw', seed=self.perm_seed) if mode == 'rpi' else nullcontext()
             with hook: acc = ssdc_curve(model, self.batches, max_images=self.max_images, show_progress=False)
             sim = acc.mean_similarity().float().cpu()                                # (L, N, N)
             self._sim[key], self._ssdc[key] = sim, acc.compute().cpu().numpy()

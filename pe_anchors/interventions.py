@@ -21,11 +21,15 @@ from .vit import TokenPermutation
 from .ssdc import ssdc_curve, result_frame, bootstrap_ci
 
 # %% auto #0
-__all__ = ['SSDC_MODES', 'PAPER_ALPHAS', 'PAPER_SSDC', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories',
-           'pe_scaled', 'alpha_sweep', 'paper_curves', 'plot_ssdc']
+__all__ = ['SSDC_MODES', 'PAPER_ALPHAS', 'PAPER_SSDC', 'ssdc_metric', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc',
+           'ssdc_trajectories', 'pe_scaled', 'alpha_sweep', 'paper_curves', 'plot_ssdc']
 
 # %% ../nbs/07_interventions.ipynb #a768648c
-SSDC_MODES = {'normal': None, 'rpi': 'batch', 'rpi_sample': 'sample'}  # results-table mode -> TokenPermutation mode
+SSDC_MODES = {'normal': None, 'rpi': 'draw', 'rpi_image': 'image'}  # results-table mode -> TokenPermutation mode
+
+def ssdc_metric(mode: str) -> str:
+    "The metric a mode's SSDC values are: `'ssdc'` (pooled matrix) or, for per-image permutations, `'ssdc_image'`."
+    return 'ssdc_image' if check_choice('SSDC mode', mode, SSDC_MODES) == 'rpi_image' else 'ssdc'
 
 def spread(draws: np.ndarray, level: float = .95) -> dict[str, np.ndarray]:
     "Mean over axis 0 with SD, a t-interval of the mean, min and max (NaN spread for a single draw)."
@@ -38,15 +42,17 @@ def spread(draws: np.ndarray, level: float = .95) -> dict[str, np.ndarray]:
 @dataclass
 class SSDCRuns:
     "SSDC curves of one model measured `K` times: one per permutation draw under RPI (`K = 1` when unpermuted)."
-    values: np.ndarray                      # (K, L) the paper's mean-matrix SSDC of each draw
+    values: np.ndarray                      # (K, L) each draw's estimate: pooled SSDC, or mean per-image SSDC ('rpi_image')
     layers: list[int]                       # block index of each of the L columns
-    mode: str                               # 'normal', 'rpi' or 'rpi_sample'
+    mode: str                               # a key of `SSDC_MODES`: 'normal', 'rpi' or 'rpi_image'
     n_images: int
     perm_seed: int | None = None            # draw k used permutation seed `perm_seed + k`
     image_values: np.ndarray | None = None  # (K, L, n_images) per-image SSDC, when measured
 
     @property
     def n_perms(self) -> int: return len(self.values) if self.mode != 'normal' else 0
+    @property
+    def metric(self) -> str: return ssdc_metric(self.mode)   # what `values` are
 
     def summary(self, level: float = .95) -> dict[str, np.ndarray]:
         "Per layer: mean over draws, SD, t-interval, min, max."
@@ -59,11 +65,11 @@ class SSDCRuns:
         return self.values[:, self.layers.index(hi)] - self.values[:, self.layers.index(lo)]
 
     def to_frame(self, level: float = .95, **meta) -> pd.DataFrame:
-        "Tidy rows: `'ssdc'` per layer (spread over draws) and, with per-image values, `'ssdc_image'` (bootstrap CI)."
+        "Tidy rows: pooled `'ssdc'` per layer (spread over draws) and, with per-image values, `'ssdc_image'` (bootstrap CI)."
         s, common = self.summary(level), dict(mode=self.mode, n_perms=self.n_perms, n_images=self.n_images,
                                                perm_seed=self.perm_seed)
         rows = [dict(metric='ssdc', layer=l, **{k: float(v[i]) for k, v in s.items()}, **common)
-                for i, l in enumerate(self.layers)]
+                for i, l in enumerate(self.layers)] if self.metric == 'ssdc' else []
         if self.image_values is not None:
             per_draw = np.nanmean(self.image_values, axis=2)                              # (K, L)
             mean, lo, hi = bootstrap_ci(np.nanmean(self.image_values, axis=0), level)       # images, draws averaged
@@ -85,12 +91,12 @@ def _check_batches(batches, passes: int):
 
 def measure_ssdc(model: nn.Module,
                  batches: Iterable,                   # re-iterable image batches (x or (x, y, ...))
-                 mode: str = 'normal',                # 'normal', 'rpi' (one permutation per batch) or 'rpi_sample'
+                 mode: str = 'normal',                # 'normal', 'rpi' (one permutation per draw) or 'rpi_image'
                  n_perms: int = 8,                    # permutation draws K (ignored for 'normal')
                  perm_seed: int = 0,                  # draw k uses seed perm_seed + k
                  grid_size: int | Sequence[int] | None = None,
                  metric: str = 'manhattan',           # grid distance, see `pe_anchors.ssdc.DISTANCES`
-                 per_image: bool = False,             # also keep each image's SSDC
+                 per_image: bool = False,             # also keep each image's SSDC (always on for 'rpi_image')
                  max_images: int | None = None,       # images per draw (None: the whole loader)
                  layers: Sequence[int] | None = None, # blocks to measure (default: all)
                  show_progress: bool | None = None,
@@ -101,15 +107,18 @@ def measure_ssdc(model: nn.Module,
     if perm_mode is not None and n_perms < 1: raise ValueError(f"n_perms must be >= 1, got {n_perms}")
     k_draws = 1 if perm_mode is None else n_perms
     _check_batches(batches, k_draws)
+    pooled = perm_mode != 'image'                      # never average matrices made under different permutations
+    per_image = per_image or not pooled
     accs = []
     for k in pbar(range(k_draws), total=k_draws, show=show_progress if k_draws > 1 else False, comment=mode):
         hook = nullcontext() if perm_mode is None else TokenPermutation(model, mode=perm_mode, seed=perm_seed + k)
         with hook:
             accs.append(ssdc_curve(model, batches, grid_size, metric, per_image, max_images, layers, point,
-                                   show_progress=show_progress if k_draws == 1 else False))
-    return SSDCRuns(values=np.stack([a.compute().cpu().numpy() for a in accs]), layers=accs[0].layers, mode=mode,
-                    n_images=accs[0].n_images, perm_seed=None if perm_mode is None else perm_seed,
-                    image_values=np.stack([a.image_values().numpy() for a in accs]) if per_image else None)
+                                   show_progress=show_progress if k_draws == 1 else False, pooled=pooled))
+    image_values = np.stack([a.image_values().numpy() for a in accs]) if per_image else None   # (K, L, n)
+    values = np.stack([a.compute().cpu().numpy() for a in accs]) if pooled else np.nanmean(image_values, axis=2)
+    return SSDCRuns(values=values, layers=accs[0].layers, mode=mode, n_images=accs[0].n_images,
+                    perm_seed=None if perm_mode is None else perm_seed, image_values=image_values)
 
 # %% ../nbs/07_interventions.ipynb #b04292b5
 def delta_ssdc(model: nn.Module,

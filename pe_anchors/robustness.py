@@ -17,16 +17,16 @@ import torchvision
 from torch import nn
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
-from .core import check_choice, condition_label, condition_order, grid_hw, hardware_info, pbar
-from .vit import IMAGENET_MEAN, IMAGENET_STD
+from .core import check_choice, condition_label, condition_order, grid_hw, hardware_info, image_rng, pbar
+from .vit import IMAGENET_MEAN, IMAGENET_STD, image_perms
 
 # %% auto #0
-__all__ = ['SHIFT_KINDS', 'SEVERITIES', 'SHUFFLE_GRIDS', 'MASK_RATIOS', 'Shift', 'jpeg_roundtrip', 'psnr', 'JPEG',
-           'gaussian_kernel1d', 'blur_matrix', 'blur_images', 'GaussianBlur', 'to_blocks', 'from_blocks',
-           'BlockShuffle', 'channel_mean', 'PatchMask', 'make_shift', 'paper_shifts', 'imagenet_c_shifts',
-           'structure_shifts', 'make_normalize', 'evaluate_accuracy', 'TensorBatches', 'cache_key', 'cache_path',
-           'shifted_set', 'fragility', 'evaluate_shifts', 'summarize_fragility', 'paper_table5', 'plot_fragility',
-           'plot_shift_curves', 'show_shifts', 'bench_shifts']
+__all__ = ['BLUR_PADDINGS', 'BLUR_ROUNDINGS', 'SHIFT_KINDS', 'SEVERITIES', 'SHUFFLE_GRIDS', 'MASK_RATIOS', 'Shift',
+           'jpeg_roundtrip', 'psnr', 'JPEG', 'gaussian_kernel1d', 'blur_matrix', 'blur_images', 'GaussianBlur',
+           'to_blocks', 'from_blocks', 'BlockShuffle', 'channel_mean', 'PatchMask', 'make_shift', 'paper_shifts',
+           'imagenet_c_shifts', 'structure_shifts', 'make_normalize', 'evaluate_accuracy', 'TensorBatches', 'cache_key',
+           'cache_path', 'shifted_set', 'fragility', 'evaluate_shifts', 'summarize_fragility', 'paper_table5',
+           'plot_fragility', 'plot_shift_curves', 'show_shifts', 'bench_shifts']
 
 # %% ../nbs/08_robustness.ipynb #7ecb022b
 def _check_images(x: torch.Tensor, name: str = 'images') -> torch.Tensor:
@@ -134,27 +134,37 @@ def gaussian_kernel1d(sigma: float, kernel_size: int, device=None) -> torch.Tens
     w = torch.exp(-0.5 * (t / sigma) ** 2)
     return (w / w.sum()).to(device=device, dtype=torch.float32)
 
-def blur_matrix(n: int, sigma: float, kernel_size: int, device=None) -> torch.Tensor: # (n, n) float32
-    "The n x n matrix of a 1-D Gaussian blur with reflect padding: `(K @ v)[i] = sum_t w_t v[reflect(i + t)]`."
+BLUR_PADDINGS, BLUR_ROUNDINGS = ('reflect', 'nearest'), ('round', 'floor')
+
+def blur_matrix(n: int, sigma: float, kernel_size: int, device=None,
+                padding: str = 'reflect',              # 'reflect' (edge not repeated) or 'nearest' (edge repeated)
+                dtype: torch.dtype = torch.float32,
+               ) -> torch.Tensor: # (n, n)
+    "The n x n matrix of a 1-D Gaussian blur: `(K @ v)[i] = sum_t w_t v[pad(i + t)]`, padding folded in."
     r = kernel_size // 2
-    if r >= n:
+    if check_choice('blur padding', padding, BLUR_PADDINGS) == 'reflect' and r >= n:
         raise ValueError(f"kernel_size {kernel_size} is too large for a side of {n} px (reflect padding needs "
                          f"kernel_size // 2 < {n}); use a smaller kernel or sigma")
     w = gaussian_kernel1d(sigma, kernel_size).double()
     i = torch.arange(n)[:, None].expand(n, kernel_size)                          # (n, k) output pixel
     j = i + torch.arange(-r, r + 1)                                              # (n, k) input pixel, unpadded
-    j = torch.where(j < 0, -j, torch.where(j > n - 1, 2 * (n - 1) - j, j))       # reflect (edge pixel not repeated)
+    if padding == 'reflect': j = torch.where(j < 0, -j, torch.where(j > n - 1, 2 * (n - 1) - j, j))  # edge not repeated
+    else: j = j.clamp(0, n - 1)                                                               # edge pixel repeated
     K = torch.zeros(n, n, dtype=torch.float64).index_put_((i.reshape(-1), j.reshape(-1)), w.repeat(n), accumulate=True)
-    return K.to(device=device, dtype=torch.float32)
+    return K.to(device=device, dtype=dtype)
 
 def blur_images(x: torch.Tensor, # uint8 (B, C, H, W) on any device
                 sigma: float, kernel_size: int,
+                padding: str = 'reflect',  # `BLUR_PADDINGS`
+                rounding: str = 'round',   # 'round' to the nearest level, or 'floor' (a float -> uint8 cast, as ImageNet-C)
                ) -> torch.Tensor: # uint8 (B, C, H, W)
-    "Gaussian blur of every channel on its own (reflect padding) as `K_H @ X @ K_W^T`, rounded back to uint8."
+    "Gaussian blur of every channel on its own as `K_H @ X @ K_W^T`, back to uint8."
     H, W = x.shape[-2:]
-    KH, KW = blur_matrix(H, sigma, kernel_size, x.device), blur_matrix(W, sigma, kernel_size, x.device)
-    y = KH @ x.float() @ KW.T                                                    # (B, C, H, W): acts on H and W only
-    return y.round_().clamp_(0, 255).to(torch.uint8)
+    dt = torch.float64 if check_choice('blur rounding', rounding, BLUR_ROUNDINGS) == 'floor' else torch.float32
+    KH, KW = (blur_matrix(n, sigma, kernel_size, x.device, padding, dt) for n in (H, W))
+    y = KH @ x.to(dt) @ KW.T                                                     # (B, C, H, W): acts on H and W only
+    y = y.round_() if rounding == 'round' else y.add_(1e-9).floor_()             # floor: exact levels stay exact
+    return y.clamp_(0, 255).to(torch.uint8)
 
 def _check_kernel(kernel_size):
     if kernel_size is not None and (isinstance(kernel_size, bool) or not isinstance(kernel_size, (int, np.integer))
@@ -168,8 +178,13 @@ class GaussianBlur(Shift):
                  kernel_size: int | None = 5,   # odd; None: radius round(4 sigma) after scaling (scipy/skimage)
                  img_size: int | None = None,   # eval resolution of the images; None: no rescaling
                  ref_size: int = 224,           # resolution at which `sigma` / `kernel_size` are given
-                 severity: int | str | None = None):
+                 severity: int | str | None = None,
+                 padding: str = 'reflect',      # border: 'reflect' (torchvision) or 'nearest' (scipy/skimage, ImageNet-C)
+                 rounding: str = 'round',       # back to uint8: 'round', or 'floor' (ImageNet-C's uint8 cast)
+                ):
         super().__init__(severity)
+        self.padding = check_choice('blur padding', padding, BLUR_PADDINGS)
+        self.rounding = check_choice('blur rounding', rounding, BLUR_ROUNDINGS)
         if isinstance(sigma, bool) or not isinstance(sigma, (int, float, np.number)) or not math.isfinite(sigma) or sigma <= 0:
             raise ValueError(f"blur sigma must be a finite number > 0, got {sigma!r} (for no blur, skip the shift)")
         _check_kernel(kernel_size)
@@ -187,12 +202,14 @@ class GaussianBlur(Shift):
     @property
     def params(self) -> dict:
         return dict(sigma=round(self.sigma, 6), kernel_size=self.kernel_size, img_size=self.img_size,
-                    sigma_ref=self.sigma0, kernel_size_ref=self.kernel_size0, ref_size=self.ref_size)
+                    sigma_ref=self.sigma0, kernel_size_ref=self.kernel_size0, ref_size=self.ref_size,
+                    padding=self.padding, rounding=self.rounding)
     @property
     def level(self) -> float: return self.sigma0
     def _label(self) -> str: return f"sigma{_fmt(self.sigma0)}"
     def description(self) -> str:
-        s = f"Gaussian blur σ={_fmt(self.sigma)} px, kernel {self.kernel_size}, per channel, reflect padding"
+        s = (f"Gaussian blur σ={_fmt(self.sigma)} px, kernel {self.kernel_size}, per channel, {self.padding} padding"
+             + (", floored to uint8" if self.rounding == 'floor' else ''))
         if self.img_size is not None and self.img_size != self.ref_size:
             k0 = self.kernel_size0 if self.kernel_size0 is not None else 'auto'
             s += f" (σ={_fmt(self.sigma0)}, kernel {k0} at {self.ref_size} px, scaled ×{self.img_size}/{self.ref_size})"
@@ -201,13 +218,9 @@ class GaussianBlur(Shift):
         if self.img_size is not None and x.shape[-2:] != (self.img_size, self.img_size):
             raise ValueError(f"{self!r} was scaled for {self.img_size} px images, got {tuple(x.shape[-2:])}; "
                              "build it with the eval resolution of these images")
-        return blur_images(x, self.sigma, self.kernel_size)
+        return blur_images(x, self.sigma, self.kernel_size, self.padding, self.rounding)
 
 # %% ../nbs/08_robustness.ipynb #efbd704a
-def _image_rng(seed: int, index: int) -> np.random.Generator:
-    "The generator for image `index` of a set under a random shift seeded with `seed`."
-    return np.random.default_rng([int(seed), int(index)])
-
 def _check_grid(x: torch.Tensor, grid) -> tuple[int, int]:
     gh, gw = grid_hw(grid)
     H, W = x.shape[-2:]
@@ -245,8 +258,7 @@ class BlockShuffle(Shift):
     def description(self) -> str: return f"block shuffle {self.grid[0]}x{self.grid[1]} (seed {self.seed})"
     def perms(self, n_images: int, offset: int = 0) -> torch.Tensor: # (n_images, gh*gw) long
         "The block permutation of images `offset .. offset + n_images - 1`: output block j = input block perm[j]."
-        n = self.grid[0] * self.grid[1]
-        return torch.from_numpy(np.stack([_image_rng(self.seed, offset + i).permutation(n) for i in range(n_images)]))
+        return image_perms(self.seed, offset, n_images, self.grid[0] * self.grid[1])
     def apply(self, x, offset):
         blocks = to_blocks(x, self.grid)                               # (B, N, C, bh, bw)
         perm = self.perms(len(x), offset).to(x.device)                 # (B, N)
@@ -295,7 +307,7 @@ class PatchMask(Shift):
     def mask(self, n_images: int, offset: int = 0) -> torch.Tensor: # (n_images, gh, gw) bool
         "Which patches of images `offset .. offset + n_images - 1` are masked."
         m = np.zeros((n_images, self.n_patches), dtype=bool)
-        for i in range(n_images): m[i, _image_rng(self.seed, offset + i).permutation(self.n_patches)[:self.n_masked]] = True
+        for i in range(n_images): m[i, image_rng(self.seed, offset + i).permutation(self.n_patches)[:self.n_masked]] = True
         return torch.from_numpy(m).view(n_images, *self.grid)
     def apply(self, x, offset):
         (gh, gw), (B, C, H, W) = _check_grid(x, self.grid), x.shape
@@ -310,9 +322,9 @@ SHIFT_KINDS = ('jpeg', 'blur')
 SEVERITIES = {
     'jpeg': {'paper': dict(quality=5), 1: dict(quality=25), 2: dict(quality=18), 3: dict(quality=15),
              4: dict(quality=10), 5: dict(quality=7)},
-    'blur': {'paper': dict(sigma=2.5, kernel_size=5), 1: dict(sigma=1., kernel_size=None),
-             2: dict(sigma=2., kernel_size=None), 3: dict(sigma=3., kernel_size=None),
-             4: dict(sigma=4., kernel_size=None), 5: dict(sigma=6., kernel_size=None)},
+    'blur': {'paper': dict(sigma=2.5, kernel_size=5),                        # the paper's code: torchvision's blur
+             **{s: dict(sigma=sig, kernel_size=None, padding='nearest', rounding='floor')  # ImageNet-C: skimage
+                for s, sig in zip(range(1, 6), (1., 2., 3., 4., 6.))}},
 }
 
 def make_shift(kind: str,                     # 'jpeg' or 'blur'

@@ -223,9 +223,11 @@ class SSDCAccumulator:
                  metric: str = 'manhattan',       # one of `DISTANCES`
                  per_image: bool = False,         # also compute and keep each image's SSDC
                  layers: Sequence[int] | None = None, # labels of the L layers (default 0..L-1)
+                 pooled: bool = True,             # sum the matrices for the paper's SSDC (False: per-image values only)
                 ):
         self.grid_size, self.metric = grid_hw(grid_size), check_choice('distance', metric, DISTANCES)
-        self.per_image, self.layers = per_image, None if layers is None else list(layers)
+        if not (pooled or per_image): raise ValueError("an SSDCAccumulator needs pooled=True or per_image=True")
+        self.per_image, self.pooled, self.layers = per_image, pooled, None if layers is None else list(layers)
         self.sim_sum: torch.Tensor | None = None   # (L, N, N) float64
         self.n_images = 0
         self._image_values: list[torch.Tensor] = []
@@ -240,7 +242,8 @@ class SSDCAccumulator:
         check_finite(features, 'features')
         if self.layers is None: self.layers = list(range(L))
         if L != len(self.layers): raise ValueError(f"got {L} layers, expected {len(self.layers)} (as in earlier batches)")
-        if self.sim_sum is None: self.sim_sum = torch.zeros(L, N, N, dtype=torch.float64, device=features.device)
+        if self.sim_sum is None and self.pooled:
+            self.sim_sum = torch.zeros(L, N, N, dtype=torch.float64, device=features.device)
         per = max(1, (1 << 24) // (N * N))                              # images per block of (B, N, N) similarities
         vals = []
         for l in range(L):                                             # one layer at a time: small transients
@@ -249,7 +252,7 @@ class SSDCAccumulator:
                 v = []
                 for s in range(0, B, per):
                     sim = x[s:s + per] @ x[s:s + per].mT               # (b, N, N)
-                    self.sim_sum[l] += sim.sum(0)
+                    if self.pooled: self.sim_sum[l] += sim.sum(0)
                     v.append(ssdc_from_similarity(sim, self.grid_size, self.metric))
                 vals.append(torch.cat(v))
             else:
@@ -265,6 +268,8 @@ class SSDCAccumulator:
     def mean_similarity(self) -> torch.Tensor: # (L, N, N) float64
         "The cosine-similarity matrices averaged over all images seen."
         self._need_data()
+        if not self.pooled: raise ValueError("this accumulator keeps per-image SSDC only (pooled=False): matrices made "
+                                             "under different permutations must not be averaged")
         return self.sim_sum / self.n_images
 
     def compute(self) -> torch.Tensor: # (L,) float64
@@ -287,8 +292,10 @@ class SSDCAccumulator:
 
     def to_frame(self, level: float = .95, n_boot: int = 2000, boot_seed: int = 0, **meta) -> pd.DataFrame:
         "Tidy rows (`RESULT_COLUMNS` + `n_images`): metric `'ssdc'` per layer, and `'ssdc_image'` with its interval."
-        ssdc = self.compute().cpu().numpy()
-        rows = [dict(metric='ssdc', layer=l, value=float(v), n_images=self.n_images) for l, v in zip(self.layers, ssdc)]
+        rows = []
+        if self.pooled:
+            rows = [dict(metric='ssdc', layer=l, value=float(v), n_images=self.n_images)
+                    for l, v in zip(self.layers, self.compute().cpu().numpy())]
         if self.per_image:
             s = self.image_summary(level, n_boot, boot_seed)
             rows += [dict(metric='ssdc_image', layer=l, value=float(s['value'][i]), ci_low=float(s['ci_low'][i]),
@@ -356,12 +363,13 @@ def ssdc_curve(model: nn.Module,
                layers: Sequence[int] | None = None, # blocks to measure (default: all)
                point: str = 'ln1',                  # `Recorder` tap point; 'ln1' is the paper's
                show_progress: bool | None = None,
+               pooled: bool = True,                 # accumulate the mean matrix (False: per-image SSDC only)
               ) -> SSDCAccumulator:
     "Stream `batches` through `model` and accumulate the SSDC of every block's LN1 input (`.compute()` -> (L,))."
     grid = model_grid_size(model) if grid_size is None else grid_hw(grid_size)
     check_choice('distance', metric, DISTANCES)
     layers = list(range(len(getattr(model, 'blocks', ())))) if layers is None else list(layers)
-    acc = SSDCAccumulator(grid, metric, per_image, layers=layers)
+    acc = SSDCAccumulator(grid, metric, per_image, layers=layers, pooled=pooled)
     for feats in patch_token_batches(model, batches, layers, point, max_images, show_progress, comment='SSDC'):
         acc.update(feats)
     acc._need_data()

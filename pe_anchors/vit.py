@@ -9,21 +9,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
 
-from .core import check_choice, grid_hw
+from .core import check_choice, grid_hw, image_rng
 from .pos_embed import PosEmbed, create_pos_embed, PE_NAMES
 
 # %% auto #0
 __all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'MODEL_CONFIGS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'TAP_POINTS', 'PERM_MODES',
-           'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit', 'pe_vit_small_patch16_224',
-           'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16', 'pe_vit_nano_patch4_32',
-           'pe_vit_nano_patch1_8', 'Recorder', 'apply_token_perm', 'TokenPermutation', 'save_checkpoint',
-           'load_checkpoint']
+           'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit',
+           'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16',
+           'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'Recorder', 'apply_token_perm', 'image_perms',
+           'TokenPermutation', 'save_checkpoint', 'load_checkpoint']
 
 # %% ../nbs/02_vit.ipynb #91a9cf90
 QKV_PROJECTIONS = ('linear', 'conv')
@@ -331,27 +332,39 @@ class Recorder:
         return self.stacked(point)[:, :, :self.num_prefix_tokens]
 
 # %% ../nbs/02_vit.ipynb #f0191745
-PERM_MODES = ('batch', 'sample')
+PERM_MODES = ('batch', 'sample', 'draw', 'image')
+TRAIN_PERM_MODES, INFERENCE_PERM_MODES = ('batch', 'sample'), ('draw', 'image')
 
 def apply_token_perm(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor: # (B, N, C), perm (N,) or (B, N)
     "Return `x` with slot j holding token `perm[..., j]` (a gather; the identity permutation is bit-exact)."
     if perm.ndim == 1: return x[:, perm]
     return torch.gather(x, 1, perm[..., None].expand(-1, -1, x.shape[-1]))
 
+def image_perms(seed: int, start: int, n: int, num_tokens: int) -> torch.Tensor: # (n, num_tokens) long
+    "The permutations of images `start .. start + n - 1` of a pass seeded with `seed`: one generator per (seed, image)."
+    return torch.from_numpy(np.stack([image_rng(seed, start + i).permutation(num_tokens) for i in range(n)]))
+
 class TokenPermutation:
     "Forward hook on `model.patch_embed` that permutes the patch tokens (before CLS and the PE are added)."
     def __init__(self,
                  model: nn.Module,
-                 mode: str = 'batch',               # 'batch': one permutation per forward; 'sample': one per image
-                 seed: int | None = None,           # seed of the permutation generator (None: nondeterministic)
+                 mode: str = 'batch',               # one of `PERM_MODES` (see the table above)
+                 seed: int | None = None,           # seed of the draws (None: from torch's global generator)
                  perm: torch.Tensor | None = None,  # a fixed permutation `(N,)` or `(B, N)` instead of random draws
                  enabled: bool = True,
                 ):
         if not hasattr(model, 'patch_embed'):
             raise ValueError(f"{type(model).__name__} has no `patch_embed`: cannot permute its patch tokens")
-        self.model, self.mode, self.seed, self.enabled = model, check_choice('permutation mode', mode, PERM_MODES), seed, enabled
+        self.model, self.mode, self.enabled = model, check_choice('permutation mode', mode, PERM_MODES), enabled
+        if seed is None and mode in INFERENCE_PERM_MODES: seed = int(torch.randint(0, 2**31 - 1, ()))
+        self.seed = seed
         self.perm = None if perm is None else torch.as_tensor(perm, dtype=torch.long)
-        self.last_perm, self._handle, self._gen = None, None, {}
+        self.last_perm, self._handle, self._gen, self._draw = None, None, {}, None
+        self.seen = 0                                       # images permuted since `reset()` ('image' mode index)
+
+    def reset(self):
+        "Start a new pass: the next image is image 0 again (the 'draw' permutation is kept)."
+        self.seen = 0
 
     def _generator(self, device) -> torch.Generator | None:
         if self.seed is None: return None
@@ -360,11 +373,17 @@ class TokenPermutation:
         return self._gen[key]
 
     def draw(self, batch_size: int, num_tokens: int, device) -> torch.Tensor: # (B, N)
-        "The next permutation(s): fixed, one per batch, or one per sample."
+        "The permutation of each image of the next batch: fixed, per batch, per sample, the draw's, or per image index."
         if self.perm is not None:
             p = self.perm.to(device)
             if p.shape[-1] != num_tokens: raise ValueError(f"perm has {p.shape[-1]} entries for {num_tokens} patch tokens")
             return p.expand(batch_size, -1) if p.ndim == 1 else p
+        if self.mode == 'draw':                             # one permutation for every image until the hook goes
+            if self._draw is None or len(self._draw) != num_tokens:
+                self._draw = torch.randperm(num_tokens, generator=torch.Generator().manual_seed(self.seed))
+            return self._draw.to(device).expand(batch_size, -1)
+        if self.mode == 'image':                            # image i of the pass: its own, from (seed, i)
+            return image_perms(self.seed, self.seen, batch_size, num_tokens).to(device)
         g = self._generator(device)
         if self.mode == 'batch': return torch.randperm(num_tokens, generator=g, device=device).expand(batch_size, -1)
         return torch.rand(batch_size, num_tokens, generator=g, device=device).argsort(dim=1)
@@ -374,8 +393,9 @@ class TokenPermutation:
         nhwc = out.ndim == 4                                   # timm patch embeds may return (B, H, W, C)
         x = out.flatten(1, 2) if nhwc else out                 # (B, N, C)
         perm = self.draw(x.shape[0], x.shape[1], x.device)
-        self.last_perm = perm
-        x = apply_token_perm(x, perm[0] if self.mode == 'batch' and self.perm is None else perm)
+        self.last_perm, self.seen = perm, self.seen + x.shape[0]
+        shared = self.perm is None and self.mode in ('batch', 'draw')
+        x = apply_token_perm(x, perm[0] if shared else perm)
         return x.reshape(out.shape) if nhwc else x
 
     def attach(self):

@@ -33,7 +33,7 @@ def test_experiment_file_round_trip_and_validation(tmp_path):
     with pytest.raises(ValueError, match='seeds must be'): tiny(seeds=[])
     with pytest.raises(ValueError, match="unknown RPI mode"): tiny(rpi_mode='pixel')
     with pytest.raises(FileNotFoundError): Experiment.load(tmp_path / 'missing.yaml')
-    assert set(PRESETS) == {'digits', 'cifar10', 'imagenet100'}
+    assert set(PRESETS) == {'digits', 'cifar10', 'cifar10-cpu', 'imagenet100'}
     assert preset('imagenet100').model == 'pe_vit_small_patch16_224' and preset('imagenet100').seeds == [0, 1, 2, 3]
 
 
@@ -108,3 +108,19 @@ def test_shards_fill_one_table(tmp_path, digits):
     assert set(gather(tmp_path, write=False)['condition']) == {'nope'}
     df = run_experiment(exp, tmp_path, shard='1/2', show=False, data=digits, device='cpu')
     assert set(df['condition']) == {'nope', 'ape'}
+
+
+@pytest.mark.parametrize('n', [64, 100, 359])
+def test_ssdc_sample_is_exact_stratified_and_shared(digits, n):
+    # exactly n images, every class in proportion (digits' 360 validation images: 36 per class), whatever the eval batch
+    ev = EvalData(digits, n, 48, 'cpu', sample_seed=0)
+    assert ev.n_ssdc == n and sum(len(b) for b in ev.ssdc_batches) == n
+    counts = torch.bincount(ev.labels[ev.ssdc_index], minlength=10)
+    per_class = torch.bincount(ev.labels, minlength=10) * n / len(ev.labels)
+    assert (counts - per_class).abs().max() < 1 and counts.sum() == n and (counts > 0).all()
+    rec = ev.sample_record()
+    assert rec['n_images'] == n and rec['per_class'] == counts.tolist() and len(rec['indices']) == n
+    again = EvalData(digits, n, 100, 'cpu', sample_seed=0)                    # another batch size: the same images
+    assert torch.equal(again.ssdc_index, ev.ssdc_index) and again.sample_record()['sha1'] == rec['sha1']
+    assert torch.equal(torch.cat(again.ssdc_batches), torch.cat(ev.ssdc_batches))
+    assert not torch.equal(EvalData(digits, n, 48, 'cpu', sample_seed=1).ssdc_index, ev.ssdc_index)

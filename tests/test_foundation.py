@@ -236,3 +236,42 @@ def test_conv_qkv_round_trip_and_training_step(tmp_path):
     assert m2.qkv_proj == 'conv' and m2.blocks[0].attn.conv_qkv.kernel_size == 5
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad(): assert torch.equal(m(x), m2(x))
+
+
+def _dropout_census(m):
+    "Name -> p of every dropout site of a PEViT (modules whose p is above 0)."
+    return {n: mod.p for n, mod in m.named_modules() if isinstance(mod, torch.nn.Dropout) and mod.p > 0}
+
+
+def test_released_style_init_statistics():
+    # The released model: PyTorch-default linears (uniform +-1/sqrt(fan_in), biases too), CLS and APE ~ N(0, 1).
+    torch.manual_seed(0)
+    m = PEViT(img_size=32, patch_size=4, embed_dim=128, depth=2, num_heads=4, num_classes=10, pe='ape', style='released')
+    w, b = m.blocks[0].mlp.fc1.weight, m.blocks[0].mlp.fc1.bias            # fan_in 128
+    bound = 1 / math.sqrt(128)
+    assert w.abs().max() <= bound and abs(w.std().item() - bound / math.sqrt(3)) < .05 * bound / math.sqrt(3)
+    assert b.abs().max() <= bound and b.abs().mean() > bound / 4           # non-zero biases
+    assert abs(m.pos_embed.pos_embed.std().item() - 1) < .05 and abs(m.cls_token.std().item() - 1) < .2
+    t = PEViT(img_size=32, patch_size=4, embed_dim=128, depth=2, num_heads=4, num_classes=10, pe='ape')
+    assert t.blocks[0].mlp.fc1.bias.abs().max() == 0 and abs(t.blocks[0].mlp.fc1.weight.std().item() - .02) < .002
+    assert abs(t.pos_embed.pos_embed.std().item() - .02) < .002 and t.cls_token.abs().max() < 1e-4
+    s = PEViT(img_size=32, patch_size=4, embed_dim=128, depth=2, num_heads=4, pe='spe', style='released')
+    assert abs(s.pos_embed.prefix_pos.std().item() - 1) < .2
+
+
+def test_released_style_dropout_sites():
+    kw = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4, drop_rate=.15, pe='ape')
+    timm_sites = _dropout_census(PEViT(**kw))
+    released = _dropout_census(PEViT(**kw, style='released'))
+    per_block = lambda sites: sorted({n.split('.', 2)[2] for n in sites if n.startswith('blocks.')})
+    assert per_block(timm_sites) == ['attn.attn_drop', 'attn.proj_drop', 'mlp.drop1', 'mlp.drop2']
+    assert per_block(released) == ['attn.attn_drop', 'mlp.drop1']        # attention weights, MLP hidden layer
+    assert 'pos_drop' in released and set(released.values()) == {.15}
+    with pytest.raises(ValueError, match="unknown model style 'torch'"): PEViT(**kw, style='torch')
+
+
+def test_paper_recipe_builds_the_released_model():
+    from pe_anchors.learner import pe_learner
+    learn = pe_learner('digits', 'ape', recipe='paper', show_progress=False, device='cpu', epochs=1)
+    assert learn.model.style == 'released' and learn.config['recipe']['model_style'] == 'released'
+    assert pe_learner('digits', 'ape', show_progress=False, device='cpu').model.style == 'timm'

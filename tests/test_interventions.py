@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from pe_anchors.core import RESULT_COLUMNS
 from pe_anchors.pos_embed import sincos_2d
-from pe_anchors.vit import PEViT, TokenPermutation
+from pe_anchors.vit import PEViT, Recorder, TokenPermutation, image_perms
 from pe_anchors.ssdc import ssdc_curve, ssdc_from_similarity
 from pe_anchors.interventions import (SSDC_MODES, SSDCRuns, spread, measure_ssdc, delta_ssdc, ssdc_trajectories,
                                       pe_scaled, alpha_sweep, plot_ssdc, paper_curves, PAPER_SSDC)
@@ -51,7 +51,7 @@ def test_nope_under_rpi_averages_to_zero(batches):
     m = vit('none')
     normal = measure_ssdc(m, batches)
     assert (normal.values > .3).all()
-    for mode in ('rpi', 'rpi_sample'):
+    for mode in ('rpi', 'rpi_image'):
         runs = measure_ssdc(m, batches, mode, n_perms=16, perm_seed=1)
         s = runs.summary()
         se = s['sd'] / math.sqrt(16)
@@ -147,15 +147,16 @@ def test_delta_is_layer1_minus_layer0(batches):
 
 def test_trajectories_table(batches):
     m = vit('rope')
-    df = ssdc_trajectories(m, batches, modes=('normal', 'rpi', 'rpi_sample'), n_perms=3, per_image=True,
+    df = ssdc_trajectories(m, batches, modes=('normal', 'rpi', 'rpi_image'), n_perms=3, per_image=True,
                            condition='rope', seed=2, dataset='toy')
     assert list(df.columns[:len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
     assert {'sd', 'min', 'max', 'n_perms', 'n_images', 'perm_seed'} <= set(df.columns)
-    for mode in ('normal', 'rpi', 'rpi_sample'):
-        for metric in ('ssdc', 'ssdc_image'):
+    for mode, metrics in (('normal', ('ssdc', 'ssdc_image')), ('rpi', ('ssdc', 'ssdc_image')), ('rpi_image', ('ssdc_image',))):
+        for metric in metrics:
             assert sorted(df[(df['mode'] == mode) & (df.metric == metric)].layer) == [0, 1, 2]
+    assert df[(df['mode'] == 'rpi_image') & (df.metric == 'ssdc')].empty      # never pooled across permutations
     deltas = df[df.metric == 'delta_ssdc']
-    assert sorted(deltas['mode']) == ['rpi', 'rpi_sample'] and (deltas.layer == -1).all()
+    assert sorted(deltas['mode']) == ['rpi', 'rpi_image'] and (deltas.layer == -1).all()
     normal = df[(df['mode'] == 'normal') & (df.metric == 'ssdc')]
     assert normal.n_perms.eq(0).all() and normal.ci_low.isna().all()
     img = df[(df['mode'] == 'normal') & (df.metric == 'ssdc_image')]
@@ -234,9 +235,75 @@ def test_measure_ssdc_at_another_tap_point(batches):
     model = vit('spe').eval()
     runs = measure_ssdc(model, batches, 'rpi', n_perms=1, perm_seed=5, point='block', layers=[1, 2])
     feats = []
-    with torch.no_grad(), TokenPermutation(model, mode='batch', seed=5), Recorder(model, 'block', layers=[1, 2]) as rec:
+    with torch.no_grad(), TokenPermutation(model, mode='draw', seed=5), Recorder(model, 'block', layers=[1, 2]) as rec:
         for x in batches:
             model(x); feats.append(rec.patch_tokens('block'))
     want = ssdc_of(torch.cat(feats, dim=1), 8).numpy()
     np.testing.assert_allclose(runs.values[0], want, atol=1e-5)                  # float32 sums in another order
     assert not np.allclose(runs.values[0], measure_ssdc(model, batches, 'rpi', 1, 5, layers=[1, 2]).values[0])
+
+
+def _numpy_ssdc(tokens, grid=8):
+    "Reference: numpy cosine matrices, scipy Spearman with minus the Manhattan distance (upper triangle)."
+    from scipy.stats import spearmanr
+    rc = np.stack(np.divmod(np.arange(grid * grid), grid), 1)
+    neg_d = -np.abs(rc[:, None] - rc[None]).sum(-1)
+    iu = np.triu_indices(grid * grid, 1)
+    x = tokens / np.linalg.norm(tokens, axis=-1, keepdims=True)
+    return lambda sims: spearmanr(sims[iu], neg_d[iu]).statistic, x
+
+
+def test_rpi_is_batching_invariant():
+    # Issue: a fresh permutation per batch, pooled, rises with the number of batches. A draw must be one permutation
+    # shared by every batch, and per-image permutations must depend on the image's index only.
+    x = smooth_images(48, seed=3)
+    m = vit('spe')
+    for mode in ('rpi', 'rpi_image'):
+        vals = []
+        for n in (1, 2, 4):
+            parts = list(x.chunk(n))
+            runs = measure_ssdc(m, parts, mode, n_perms=3, perm_seed=11, per_image=True)
+            vals.append((runs.values, runs.image_values))
+        for v, iv in vals[1:]:
+            np.testing.assert_allclose(v, vals[0][0], atol=1e-6, rtol=0)
+            np.testing.assert_allclose(iv, vals[0][1], atol=1e-6, rtol=0)
+    # the estimator that was wrong: fresh permutations per batch, pooled, drift with the batching
+    fresh = []
+    for n in (1, 4):
+        with TokenPermutation(m, mode='batch', seed=0): fresh.append(ssdc_curve(m, list(x.chunk(n)), layers=[0]).compute().item())
+    assert abs(fresh[1] - fresh[0]) > 1e-3
+
+
+def test_rpi_draw_against_a_written_out_reference():
+    # One draw = torch.randperm(N) from a CPU generator seeded perm_seed + k, applied to every image of every batch;
+    # SSDC of the image-averaged cosine matrix, computed here with numpy and scipy.
+    x = smooth_images(20, seed=4)
+    m = vit('ape').eval()
+    runs = measure_ssdc(m, [x[:7], x[7:]], 'rpi', n_perms=2, perm_seed=5, layers=[0, 2])
+    for k in range(2):
+        perm = torch.randperm(64, generator=torch.Generator().manual_seed(5 + k))
+        with torch.no_grad(), TokenPermutation(m, perm=perm), Recorder(m, 'ln1', layers=[0, 2]) as rec: m(x)
+        feats = rec.patch_tokens('ln1').double().numpy()                          # (2, 20, 64, C)
+        for j in range(2):
+            rho, xn = _numpy_ssdc(feats[j])
+            S = np.einsum('bnc,bmc->nm', xn, xn) / len(xn)
+            np.testing.assert_allclose(runs.values[k, j], rho(S), atol=2e-5)   # float32 model features vs float64
+
+
+def test_rpi_image_against_a_written_out_reference():
+    # Image i of draw k is permuted by image_perms(perm_seed + k, i); its own SSDC; the draw's value is their mean.
+    x = smooth_images(10, seed=5)
+    m = vit('rope').eval()
+    runs = measure_ssdc(m, [x[:3], x[3:]], 'rpi_image', n_perms=2, perm_seed=9, layers=[1])
+    for k in range(2):
+        ref = []
+        for i in range(len(x)):
+            perm = torch.from_numpy(np.random.default_rng([9 + k, i]).permutation(64))
+            test = image_perms(9 + k, i, 1, 64)[0]
+            assert torch.equal(perm, test)
+            with torch.no_grad(), TokenPermutation(m, perm=perm), Recorder(m, 'ln1', layers=[1]) as rec: m(x[i:i + 1])
+            rho, xn = _numpy_ssdc(rec.patch_tokens('ln1')[0, 0].double().numpy())
+            ref.append(rho(xn @ xn.T))
+        np.testing.assert_allclose(runs.image_values[k, 0], ref, atol=2e-5)
+        np.testing.assert_allclose(runs.values[k, 0], np.mean(ref), atol=2e-5)
+    assert runs.metric == 'ssdc_image'

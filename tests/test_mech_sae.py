@@ -37,6 +37,9 @@ def test_aux_loss_uses_only_dead_latents():
         for j in top: za[i, j] = max(pre[i, j].item(), 0.)
     want = (err - za @ sae.W_dec).square().sum(-1).mean()
     torch.testing.assert_close(_aux_loss(sae, pre, err, dead, 2), want)
+    # the follow-up study's reduction: the mean over the d = 8 dimensions instead of the sum
+    torch.testing.assert_close(_aux_loss(sae, pre, err, dead, 2, 'mean'), (err - za @ sae.W_dec).square().mean(-1).mean())
+    with pytest.raises(ValueError, match='AuxK reduction'): fit_sae(torch.randn(10, 8), steps=1, aux_reduction='max')
 
 
 def test_auxk_revives_dead_latents():

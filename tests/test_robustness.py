@@ -412,3 +412,17 @@ def test_cuda_shifts_match_cpu():
     j = JPEG(5)(xc)
     assert j.is_cuda and j.shape == x.shape
     assert np.all(psnr_np(j.cpu(), JPEG(5)(x)) > 30)  # nvJPEG is close to libjpeg but not bit-identical
+
+
+@pytest.mark.parametrize('severity', [1, 3, 5])
+def test_imagenet_c_blur_matches_skimage_semantics(severity):
+    # ImageNet-C: skimage.filters.gaussian (scipy 'nearest' border, truncate 4) on x/255, then np.uint8 (truncation).
+    from scipy.ndimage import gaussian_filter
+    x = torch.randint(0, 256, (2, 3, 40, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(severity))
+    s = make_shift('blur', severity)
+    ref = gaussian_filter(x.double().numpy() / 255, (0, 0, s.sigma, s.sigma), mode='nearest', truncate=4.)
+    ref = np.uint8(np.clip(ref, 0, 1) * 255)
+    ours = s(x).numpy()
+    assert np.abs(ours.astype(int) - ref).max() <= 1 and (ours == ref).mean() > .99
+    # the paper's blur keeps torchvision's mirrored border and rounding
+    assert make_shift('blur', 'paper').params['padding'] == 'reflect'

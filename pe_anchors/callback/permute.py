@@ -9,10 +9,10 @@ from torch import nn
 from fastai.callback.core import Callback
 
 from ..core import check_choice
-from ..vit import TokenPermutation, PERM_MODES
+from ..vit import TokenPermutation, TRAIN_PERM_MODES, INFERENCE_PERM_MODES
 
 # %% auto #0
-__all__ = ['unwrap_model', 'TokenPermutationCallback', 'RPT', 'RPI']
+__all__ = ['unwrap_model', 'find_vit', 'TokenPermutationCallback', 'RPT', 'RPI']
 
 # %% ../../nbs/04_callback.permute.ipynb #c09aa7a9
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -22,19 +22,29 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         if inner is None: return model
         model = inner
 
+def find_vit(model: nn.Module) -> nn.Module:
+    "The ViT inside `model` (the first module with a `patch_embed`): through DDP/compile and fastai/timm wrappers."
+    model = unwrap_model(model)
+    if hasattr(model, 'patch_embed'): return model
+    for m in model.modules():
+        if hasattr(m, 'patch_embed'): return m
+    raise ValueError(f"no module with a `patch_embed` inside {type(model).__name__}: token permutation needs a ViT "
+                     "(PEViT, timm VisionTransformer / Eva, also inside fastai's vision_learner)")
+
 class TokenPermutationCallback(Callback):
     "Base: attach a `TokenPermutation` hook for the fit and switch it on around the batches this callback runs for."
-    order = 5
+    order, modes = 5, TRAIN_PERM_MODES + INFERENCE_PERM_MODES
     def __init__(self,
-                 mode: str = 'batch',               # 'batch': one permutation per forward pass; 'sample': one per image
+                 mode: str = 'batch',               # a `TokenPermutation` mode allowed by the subclass (`modes`)
                  seed: int | None = None,           # seed of the permutation generator (None: torch's global RNG)
                  perm: torch.Tensor | None = None,  # a fixed permutation (N,) or (B, N) instead of random draws
                 ):
-        self.mode, self.seed, self.perm = check_choice('permutation mode', mode, PERM_MODES), seed, perm
+        self.mode = check_choice(f'{type(self).__name__} permutation mode', mode, self.modes)
+        self.seed, self.perm = seed, perm
         self.tp, self._state = None, None
 
     def before_fit(self):
-        self.tp = TokenPermutation(unwrap_model(self.learn.model), self.mode, self.seed, self.perm, enabled=False).attach()
+        self.tp = TokenPermutation(find_vit(self.learn.model), self.mode, self.seed, self.perm, enabled=False).attach()
         if self._state is not None: self.load_state_dict(self._state)
     def before_batch(self): self.tp.enabled = True
     def after_batch(self): self.tp.enabled = False
@@ -57,11 +67,12 @@ class TokenPermutationCallback(Callback):
             self.tp._generator(torch.device(dev)).set_state(s)
 
 class RPT(TokenPermutationCallback):
-    "Random Permutation Training: permute the patch tokens in every training forward pass; evaluation is untouched."
-    run_valid = False
+    "Random Permutation Training: a fresh permutation in every training forward pass ('batch' or 'sample'); evaluation untouched."
+    run_valid, modes = False, TRAIN_PERM_MODES
 
 class RPI(TokenPermutationCallback):
-    "Random Permutation at Inference: permute the patch tokens in every evaluation forward pass (validate, get_preds)."
-    run_train = False
-    def __init__(self, mode: str = 'sample', seed: int | None = 0, perm: torch.Tensor | None = None):
+    "Random Permutation at Inference in every evaluation pass (validate, get_preds): one seeded 'draw', or one per 'image'."
+    run_train, modes = False, INFERENCE_PERM_MODES
+    def __init__(self, mode: str = 'draw', seed: int | None = 0, perm: torch.Tensor | None = None):
         super().__init__(mode, seed, perm)
+    def before_validate(self): self.tp.reset()               # image i of every pass gets the same permutation

@@ -399,7 +399,7 @@ def withheld_retention(model: nn.Module,
                        ks: Sequence[int] | None = None,  # numbers of leading blocks without rotations (default 0..L)
                        layer: int = -1,                  # where SSDC is measured
                        point: str = 'block',             # ... and at which tap: 'block' = the block's output
-                       mode: str = 'rpi',                # SSDC mode of `measure_ssdc`: 'rpi', 'rpi_sample', 'normal'
+                       mode: str = 'rpi',                # SSDC mode of `measure_ssdc`: 'rpi', 'rpi_image', 'normal'
                        n_perms: int = 8,                 # permutation draws averaged (RPI modes)
                        perm_seed: int = 0,
                        max_images: int | None = None,

@@ -20,8 +20,8 @@ from .position import PositionProbes, block_index, layer_tokens
 from ..ssdc import model_grid_size
 
 # %% auto #0
-__all__ = ['TopKSAE', 'sae_stats', 'fit_sae', 'latent_position_means', 'position_selectivity', 'positional_latents',
-           'sae_ablation', 'sae_causal_test']
+__all__ = ['AUX_REDUCTIONS', 'TopKSAE', 'sae_stats', 'fit_sae', 'latent_position_means', 'position_selectivity',
+           'positional_latents', 'sae_ablation', 'sae_causal_test']
 
 # %% ../../nbs/11_mech.sae.ipynb #c7e297bd
 class TopKSAE(nn.Module):
@@ -80,12 +80,16 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
     check_finite(x, 'SAE tokens')
     return x.float()
 
-def _aux_loss(sae: TopKSAE, pre: torch.Tensor, err: torch.Tensor, dead: torch.Tensor, k_aux: int) -> torch.Tensor:
-    "AuxK: the top k_aux dead latents' pre-activations reconstruct the scaled residual error `err`."
+AUX_REDUCTIONS = ('sum', 'mean')
+
+def _aux_loss(sae: TopKSAE, pre: torch.Tensor, err: torch.Tensor, dead: torch.Tensor, k_aux: int,
+              reduction: str = 'sum') -> torch.Tensor:
+    "AuxK: the top k_aux dead latents reconstruct the scaled residual error `err`; squared error summed or averaged over dims."
     n_dead = int(dead.sum())
     if n_dead == 0: return pre.new_zeros(())
     za = sae.topk(pre.masked_fill(~dead, -torch.inf), min(k_aux, n_dead))
-    return (err - za @ sae.W_dec).square().sum(-1).mean()
+    sq = (err - za @ sae.W_dec).square()
+    return (sq.sum(-1) if reduction == 'sum' else sq.mean(-1)).mean()
 
 @torch.no_grad()
 def sae_stats(sae: TopKSAE, tokens: torch.Tensor, bs: int = 8192) -> dict[str, float]:
@@ -105,6 +109,7 @@ def fit_sae(tokens: torch.Tensor,        # (M, C) or (I, N, C) residual-stream t
             k: int = 64,
             k_aux: int = 256,
             aux_coef: float = 1 / 32,
+            aux_reduction: str = 'sum',  # AuxK error over dimensions: 'sum' (Gao et al.) or 'mean' (d times smaller)
             steps: int = 2000,
             bs: int = 4096,              # tokens per step
             lr: float = 1e-3,            # Adam
@@ -118,6 +123,7 @@ def fit_sae(tokens: torch.Tensor,        # (M, C) or (I, N, C) residual-stream t
     "Train a `TopKSAE` with the AuxK loss; returns it (in eval mode) and a training log."
     x = _tokens(tokens)
     if steps < 1 or bs < 1: raise ValueError(f"steps and bs must be >= 1, got {steps}, {bs}")
+    check_choice('AuxK reduction', aux_reduction, AUX_REDUCTIONS)
     device = torch.device(device) if device is not None else x.device
     if sae is None: sae = TopKSAE(x.shape[1], expansion, k, seed).to(device).init_from_data(x[:200_000].to(device))
     elif sae.d_in != x.shape[1]: raise ValueError(f"the SAE reads width {sae.d_in}, the tokens have {x.shape[1]}")
@@ -135,7 +141,7 @@ def fit_sae(tokens: torch.Tensor,        # (M, C) or (I, N, C) residual-stream t
             err = xb * sae.scale - (z @ sae.W_dec + sae.b_pre)                # scaled residual
             mse = err.square().sum(-1).mean()
             dead = since >= dead_after
-            aux = _aux_loss(sae, pre, err.detach(), dead, k_aux)
+            aux = _aux_loss(sae, pre, err.detach(), dead, k_aux, aux_reduction)
             loss = mse + aux_coef * aux
             opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
             sae.normalize_decoder()
