@@ -4,111 +4,157 @@
 
 # %% ../nbs/13_cli.ipynb #32f6f969
 from __future__ import annotations
-import argparse, json, os, sys, time
+import argparse, errno, json, os, re, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['UserError', 'cmd_demo', 'cmd_train', 'cmd_analyze', 'cmd_sweep', 'cmd_report', 'cmd_bench', 'parser', 'main']
+__all__ = ['UserError', 'positive_int', 'positive_float', 'device_arg', 'check_device', 'cmd_demo', 'cmd_train', 'cmd_analyze',
+           'cmd_sweep', 'cmd_report', 'cmd_bench', 'parser', 'main']
 
 # %% ../nbs/13_cli.ipynb #e368ee62
 class UserError(Exception):
     "A mistake the user can fix (bad argument, missing file): reported in one line, exit code 2."
 
-_USER_ERRORS = (UserError, ValueError, FileNotFoundError, NotADirectoryError)
+def _user_errors() -> tuple:
+    "Exception types reported in one line (the YAML error only when PyYAML is loaded)."
+    errs = [UserError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError]
+    if 'yaml' in sys.modules: errs.append(sys.modules['yaml'].YAMLError)
+    return tuple(errs)
 
-def _add_experiment_overrides(p: argparse.ArgumentParser):
-    p.add_argument('--data-path', help='dataset location (CIFAR-10 folder or .npz, ImageNet-1k/100 folder)')
-    p.add_argument('--conditions', nargs='+', metavar='COND', help='subset of conditions (nope ape spe rope rpt rope_mixed)')
-    p.add_argument('--seeds', nargs='+', type=int, metavar='SEED')
-    p.add_argument('--epochs', type=int)
-    p.add_argument('--device', help="'cpu', 'cuda', 'cuda:1' (default: cuda if available)")
+def positive_int(s: str) -> int:
+    "argparse type: an integer >= 1."
+    try: v = int(s)
+    except ValueError: raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1: raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
 
-def _overrides(a) -> dict:
+def positive_float(s: str) -> float:
+    "argparse type: a finite number > 0."
+    try: v = float(s)
+    except ValueError: raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not v > 0 or v == float('inf'): raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
+    return v
+
+def device_arg(s: str) -> str:
+    "argparse type: 'cpu', 'cuda', 'cuda:N' or 'mps' (availability is checked when the command runs)."
+    if not re.fullmatch(r'cpu|mps|cuda(:\d+)?', s):
+        raise argparse.ArgumentTypeError(f"unknown device {s!r}; use cpu, cuda, cuda:N or mps")
+    return s
+
+def check_device(device: str | None) -> str | None:
+    "Refuse a GPU device that this machine does not have (one line, before anything runs)."
+    if device is None or device == 'cpu': return device
+    import torch
+    if device.startswith('cuda'):
+        if not torch.cuda.is_available(): raise UserError(f"--device {device}: no CUDA GPU on this machine (use --device cpu)")
+        i = int(device.split(':')[1]) if ':' in device else 0
+        if i >= torch.cuda.device_count(): raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s)")
+    if device == 'mps' and not torch.backends.mps.is_available(): raise UserError("--device mps: MPS is not available here")
+    return device
+
+def _common(p: argparse.ArgumentParser, *, data: bool = True, device_help: str = "cpu, cuda, cuda:N (default: cuda if available)"):
+    if data:
+        p.add_argument('--data', default=None, help='digits, cifar10, imagenet100, image_folder, or a dataset folder / .npz path')
+        p.add_argument('--data-path', help='where cifar10 / imagenet100 / image_folder live (a folder, or the .npz for cifar10)')
+    p.add_argument('--device', type=device_arg, help=device_help)
+    p.add_argument('--quiet', action='store_true', help='no progress output')
+
+def _run_opts(p: argparse.ArgumentParser, many: bool):
+    "Options of commands that train: conditions, seeds, epochs, callbacks, restart."
+    p.add_argument('--condition', '--conditions', dest='conditions', nargs='+' if many else 1, metavar='COND',
+                   help='nope, ape, spe, rope, rpt, rope_mixed' + (' (one or more)' if many else ''))
+    p.add_argument('--seed', '--seeds', dest='seeds', nargs='+' if many else 1, type=int, metavar='SEED')
+    p.add_argument('--epochs', type=positive_int)
+    p.add_argument('--cbs', nargs='+', metavar='NAME', help='extra fastai callbacks: csv, tensorboard, wandb, ... or module:Class')
+    p.add_argument('--restart', action='store_true', help='delete earlier results in --out and start over')
+
+def _dataset(name: str | None, path: str | None):
+    "A dataset by name (`cifar10` / `imagenet100` / `image_folder` need a path) or a dataset path."
+    from pe_anchors.data import get_data
+    name = name or 'digits'
+    if name in ('cifar10', 'imagenet100', 'image_folder'):
+        if not path and not (name == 'cifar10' and os.environ.get('PE_ANCHORS_CIFAR10')):
+            raise UserError(f"--data {name} needs --data-path (a folder{', or the packed .npz' if name == 'cifar10' else ''})")
+        return get_data(name, **({'path': path} if path else {}))
+    if path: raise UserError(f"--data-path is for cifar10, imagenet100 or image_folder, not {name!r}")
+    return get_data(name)
+
+def _load_experiment(config: str, a):
+    from pe_anchors.experiment import Experiment, PRESETS, preset
     o = {}
     if a.conditions: o['conditions'] = a.conditions
     if a.seeds: o['seeds'] = a.seeds
     if a.epochs: o['train_kwargs'] = dict(epochs=a.epochs)
-    return o
-
-def _data_kwargs(name: str, path: str | None) -> dict:
-    if path is None: return {}
-    return {'path': path} if name in ('cifar10', 'imagenet100') else {}
-
-def _load_experiment(config: str, a):
-    from pe_anchors.experiment import Experiment, PRESETS, preset
-    o = _overrides(a)
+    if a.cbs: o['callbacks'] = a.cbs
     exp = preset(config, **o) if config in PRESETS else Experiment.load(config, **o)
     if a.data_path:
-        if exp.data in ('cifar10', 'imagenet100'): exp.data_kwargs = {**exp.data_kwargs, **_data_kwargs(exp.data, a.data_path)}
-        else: exp.data = a.data_path
-    if exp.data in ('cifar10', 'imagenet100') and not exp.data_kwargs:
-        raise UserError(f"the {exp.data} preset needs the data location: --data-path PATH")
+        if exp.data in ('cifar10', 'imagenet100', 'image_folder'): exp.data_kwargs = {**exp.data_kwargs, 'path': a.data_path}
+        else: raise UserError(f"--data-path: this experiment's data is {exp.data!r}, which takes no path")
+    if exp.data in ('cifar10', 'imagenet100', 'image_folder') and 'path' not in exp.data_kwargs \
+       and not (exp.data == 'cifar10' and os.environ.get('PE_ANCHORS_CIFAR10')):
+        raise UserError(f"the {exp.data} experiment needs the data location: --data-path PATH")
     return exp
 
-def _dataset(name: str, path: str | None):
-    "A dataset by name (`cifar10` / `imagenet100` need `path`) or an image-folder path."
-    from pe_anchors.data import get_data
-    if name in ('cifar10', 'imagenet100'):
-        if not path: raise UserError(f"--data {name} needs --data-path (a folder, or the packed .npz for cifar10)")
-        return get_data(name, **_data_kwargs(name, path))
-    return get_data(name)
-
-def _print_verdicts(exp_dir: Path):
+def _print_verdicts(results):
     from pe_anchors.report import verdicts
-    from pe_anchors.experiment import gather
-    for r in verdicts(gather(exp_dir, write=False)).itertuples():
-        print(f"  [{r.verdict:>3}] {r.claim}\n        ours: {r.ours}")
+    for r in verdicts(results).itertuples():
+        print(f"  [{r.verdict:>12}] {r.claim}\n{'':17}ours: {r.ours}")
 
 # %% ../nbs/13_cli.ipynb #4bbde06b
 def cmd_demo(a):
     "The offline default: digits, the five paper conditions, every analysis, the report."
     from pe_anchors.core import hardware_info
-    from pe_anchors.experiment import preset, run_experiment
+    from pe_anchors.experiment import run_experiment
     from pe_anchors.report import write_report
-    exp = preset('digits', **_overrides(a))
+    device = check_device(a.device) or 'cpu'
+    exp = _load_experiment('digits', a)
     out = Path(a.out)
     print(f"pe_anchors demo: {len(exp.runs())} runs of the digits preset ({', '.join(exp.conditions)}) into {out}/\n"
-          f"  {hardware_info(a.device or 'cpu')}", flush=True)
+          f"  {hardware_info(device)}", flush=True)
     t = time.perf_counter()
-    run_experiment(exp, out, device=a.device or "cpu", show=False if a.quiet else None, verbose=not a.quiet)
+    df = run_experiment(exp, out, device=device, show=False if a.quiet else None, verbose=not a.quiet, restart=a.restart)
     report = write_report(out)
     print(f"\ndone in {(time.perf_counter() - t) / 60:.1f} min. Verdicts (digits, {len(exp.seeds)} seed(s); the paper used "
           "ImageNet-100 and 4 seeds):")
-    _print_verdicts(out)
+    _print_verdicts(df)
     print(f"\nreport: {report} (and report.html, figures/); results table: {out / 'results.csv'}")
 
 def cmd_train(a):
-    "Train one condition into a run directory (resumed when interrupted)."
-    from pe_anchors.learner import train
+    "Train one condition into a run directory (resumed when interrupted, `--restart` to start over)."
+    from pe_anchors.learner import make_callbacks, train
+    device = check_device(a.device)
     kw = {k: v for k, v in dict(epochs=a.epochs, bs=a.bs, lr=a.lr).items() if v is not None}
-    out = train(a.condition, _dataset(a.data, a.data_path), a.recipe, run_dir=a.run_dir, seed=a.seed, model=a.model, device=a.device,
-                rpt_mode=a.rpt_mode, show_progress=False if a.quiet else None, **kw)
+    out = train((a.conditions or ['ape'])[0], _dataset(a.data, a.data_path), a.recipe, run_dir=a.out,
+                seed=(a.seeds or [0])[0], model=a.model, device=device, pe=a.pe, rpt_mode=a.rpt_mode,
+                show_progress=False if a.quiet else None, resume=not a.restart, cbs=make_callbacks(a.cbs), **kw)
     out.pop('learn', None)
     print(json.dumps(out, indent=2))
 
 def cmd_analyze(a):
-    "Measure a trained model (a checkpoint or a run directory) on a dataset."
+    "Measure a trained model (a checkpoint or a run directory) on a dataset; rows go to OUT/analysis.csv."
     from pe_anchors.vit import load_checkpoint
     from pe_anchors.experiment import EvalData, Experiment, evaluate_model
+    device = check_device(a.device)
     p = Path(a.model)
     ck = p / 'model.safetensors' if p.is_dir() else p
     if not ck.exists(): raise UserError(f"no trained model at {ck} (give a .safetensors file or a finished run directory)")
     model = load_checkpoint(ck)
     cfg = json.loads((ck.parent / 'config.json').read_text()) if (ck.parent / 'config.json').exists() else {}
-    condition = a.condition or cfg.get('condition')
+    condition = (a.conditions or [None])[0] or cfg.get('condition')
     if condition is None: raise UserError("cannot tell the model's condition: pass --condition")
     ds = _dataset(a.data, a.data_path)
     exp = Experiment(name=a.name or ds.name, conditions=[condition], ssdc_images=a.ssdc_images, n_perms=a.n_perms,
                      alphas=a.alphas, alpha_conditions=[condition] if a.alphas else [])
-    ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, a.device or ('cuda' if _cuda() else 'cpu'))
+    ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, device or ('cuda' if _cuda() else 'cpu'))
     df = evaluate_model(model, ev, exp, condition, seed=cfg.get('seed', 0))
-    out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True); df.to_csv(out, index=False)
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / 'analysis.csv', index=False)
     plain = df[df.get('sweep').isna()] if 'sweep' in df else df
     ssdc = plain[plain.metric == 'ssdc'].pivot_table(index='layer', columns='mode', values='value')
     print(ssdc.round(3).to_string())
     for r in plain[plain.metric.isin(['acc', 'fs', 'delta_ssdc'])].itertuples():
         print(f"{r.metric:>10} {r.shift or r.mode:>6} {r.severity:>5}: {r.value:.4f}")
-    print(f"rows written to {out}")
+    print(f"rows written to {out / 'analysis.csv'}")
 
 def _cuda() -> bool:
     import torch; return torch.cuda.is_available()
@@ -117,90 +163,108 @@ def cmd_sweep(a):
     "Run (or continue) an experiment: a preset name or a JSON/YAML file."
     from pe_anchors.experiment import run_experiment
     exp = _load_experiment(a.config, a)
-    df = run_experiment(exp, a.out, shard=a.shard, device=a.device, show=False if a.quiet else None, verbose=not a.quiet)
+    df = run_experiment(exp, a.out, shard=a.shard, device=check_device(a.device), show=False if a.quiet else None,
+                        verbose=not a.quiet, restart=a.restart)
     print(f"{df[['condition', 'seed']].drop_duplicates().shape[0]} finished run(s), {len(df)} rows in {Path(a.out) / 'results.csv'}")
 
 def cmd_report(a):
-    "Regenerate the report of an experiment directory."
+    "Regenerate the report of an experiment directory (or of a results CSV, with --dest)."
     from pe_anchors.report import write_report
-    p = Path(a.run_dir)
-    if not p.is_dir(): raise UserError(f"{p} is not an experiment directory (made by `pe_anchors sweep` or `demo`)")
+    from pe_anchors.results import load_results
+    p = Path(a.results)
+    if not (p.is_dir() or (p.is_file() and p.suffix == '.csv')):
+        raise UserError(f"{p} is not an experiment directory (made by `pe_anchors sweep` or `demo`) or a results CSV")
     path = write_report(p, a.dest)
-    _print_verdicts(p)
+    _print_verdicts(load_results(p))
     print(f"report: {path}")
 
 def cmd_bench(a):
     "Run a benchmark; each prints its own figures (named baseline, ratio, hardware)."
+    device = check_device(a.device)
     if a.what == 'ssdc':
-        from pe_anchors.ssdc import bench_ssdc
-        kw = dict(n_images=100, naive_images=20) if a.quick else {}
-        bench_ssdc(device=a.device, **kw)
+        from pe_anchors.bench import bench_ssdc
+        bench_ssdc(device=device, **(dict(n_images=100, naive_images=20) if a.quick else {}))
     elif a.what == 'train':
-        from pe_anchors.learner import bench_train
+        from pe_anchors.bench import bench_train
         kw = dict(model='pe_vit_nano_patch1_8', steps=5, warmup=2, bs=32) if a.quick else dict(model=a.model)
-        bench_train(device=a.device, compile=a.compile, **kw)
+        bench_train(device=device, compile=a.compile, **kw)
+    elif a.what == 'shifts':
+        from pe_anchors.bench import bench_shifts
+        bench_shifts(devices=[device] if device else None, **(dict(n_images=32, img_size=64, repeats=1) if a.quick else {}))
     else:
-        from pe_anchors.robustness import bench_shifts
-        kw = dict(n_images=32, img_size=64, repeats=1) if a.quick else {}
-        r = bench_shifts(devices=[a.device] if a.device else None, **kw)
+        from pe_anchors.bench import gpu_check
+        gpu_check(a.out or 'gpu_check', smoke=a.quick, device=device)
 
 # %% ../nbs/13_cli.ipynb #d3caaf8d
+def _version() -> str:
+    from importlib.metadata import version, PackageNotFoundError
+    try: return version('pe_anchors')
+    except PackageNotFoundError: return 'unknown (not installed)'
+
+class _Parser(argparse.ArgumentParser):
+    "argparse with one-line errors: `prog: error: message (see --help)`, exit status 2."
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 def parser() -> argparse.ArgumentParser:
     "The `pe_anchors` argument parser."
-    p = argparse.ArgumentParser(prog='pe_anchors', description='Positional encodings and the spatial geometry of ViTs '
+    p = _Parser(prog='pe_anchors', description='Positional encodings and the spatial geometry of ViTs '
                                 '(Mannes 2026): train, measure (SSDC, RPI, fragility, α), report.')
+    p.add_argument('--version', action='version', version=f'pe_anchors {_version()}')
     p.add_argument('--debug', action='store_true', help='show tracebacks for every error')
     sub = p.add_subparsers(dest='command', metavar='COMMAND', required=True)
 
     s = sub.add_parser('demo', help='offline digits demo: 5 conditions + analyses + report (CPU, minutes)',
                        description=cmd_demo.__doc__)
     s.add_argument('--out', default='pe_anchors_demo', help='experiment directory (default: ./pe_anchors_demo)')
-    _add_experiment_overrides(s)
-    s.add_argument('--quiet', action='store_true', help='no progress bars')
-    s.set_defaults(func=cmd_demo)
+    _run_opts(s, many=True)
+    _common(s, data=False, device_help='cpu (default), cuda, cuda:N')
+    s.set_defaults(func=cmd_demo, data_path=None)
 
     s = sub.add_parser('train', help='train one condition into a run directory', description=cmd_train.__doc__)
-    s.add_argument('--condition', default='ape', help='nope, ape, spe, rope, rpt or rope_mixed (default: ape)')
-    s.add_argument('--data', default='digits', help='digits, cifar10, imagenet100 or an image-folder path')
-    s.add_argument('--data-path', help='location of cifar10 / imagenet100')
+    _run_opts(s, many=False)
+    s.add_argument('--pe', help="positional encoding, overriding the condition's (none, ape, spe, rope, rope_mixed)")
+    s.add_argument('--out', '--run-dir', dest='out', required=True, help='run directory: config, metrics, checkpoints, model')
     s.add_argument('--model', help='timm model name (default: from the image size)')
-    s.add_argument('--recipe', default='fast', help="'fast' or 'paper'")
-    s.add_argument('--epochs', type=int); s.add_argument('--bs', type=int); s.add_argument('--lr', type=float)
-    s.add_argument('--seed', type=int, default=0)
-    s.add_argument('--rpt-mode', default='batch', help="RPT permutation: 'batch' (paper) or 'sample'")
-    s.add_argument('--run-dir', required=True, help='where config, metrics, checkpoints and the model go')
-    s.add_argument('--device'); s.add_argument('--quiet', action='store_true')
+    s.add_argument('--recipe', default='fast', help="'fast' (default) or 'paper'")
+    s.add_argument('--bs', type=positive_int); s.add_argument('--lr', type=positive_float)
+    s.add_argument('--rpt-mode', default='batch', choices=['batch', 'sample'], help="RPT permutation: 'batch' (paper) or 'sample'")
+    _common(s)
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser('analyze', help='measure a trained model (SSDC, RPI, fragility, α)', description=cmd_analyze.__doc__)
     s.add_argument('model', help='a .safetensors checkpoint or a finished run directory')
-    s.add_argument('--data', default='digits'); s.add_argument('--data-path')
-    s.add_argument('--condition', help='the model condition (read from the run config when present)')
-    s.add_argument('--ssdc-images', type=int, default=1000); s.add_argument('--n-perms', type=int, default=8)
+    s.add_argument('--condition', dest='conditions', nargs=1, metavar='COND',
+                   help='the model condition (read from the run config when present)')
+    s.add_argument('--ssdc-images', type=positive_int, default=1000, help='images SSDC is averaged over (default 1000)')
+    s.add_argument('--n-perms', type=positive_int, default=8, help='RPI permutation draws (default 8)')
     s.add_argument('--alphas', type=float, nargs='*', default=[], help='α values for a PE-scaling sweep')
     s.add_argument('--name', help='dataset label in the output rows')
-    s.add_argument('--out', default='analysis.csv', help='CSV of result rows (default: ./analysis.csv)')
-    s.add_argument('--device')
+    s.add_argument('--out', default='.', help='directory for analysis.csv (default: .)')
+    _common(s)
     s.set_defaults(func=cmd_analyze)
 
     s = sub.add_parser('sweep', help='run an experiment (preset or config file), resumable and shardable',
                        description=cmd_sweep.__doc__)
-    s.add_argument('config', help='digits, cifar10, imagenet100, or a JSON/YAML experiment file')
+    s.add_argument('config', help='digits, cifar10, cifar10-cpu, imagenet100, or a JSON/YAML experiment file')
     s.add_argument('--out', required=True, help='experiment directory')
     s.add_argument('--shard', help="'i/n' to run every n-th run from i, or 'auto' (torchrun / Slurm array variables)")
-    _add_experiment_overrides(s)
-    s.add_argument('--quiet', action='store_true')
+    _run_opts(s, many=True)
+    s.add_argument('--data-path', help='where the data live (for cifar10 / imagenet100 / image_folder experiments)')
+    _common(s, data=False)
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser('report', help="regenerate an experiment's figures, tables and verdicts", description=cmd_report.__doc__)
-    s.add_argument('run_dir', help='experiment directory'); s.add_argument('--dest', help='default: RUN_DIR/report')
+    s.add_argument('results', help='experiment directory, or a results CSV (then --dest is needed)')
+    s.add_argument('--dest', help='where the report goes (default: DIR/report)')
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser('bench', help='benchmarks (print their figures)', description=cmd_bench.__doc__)
-    s.add_argument('what', choices=['ssdc', 'train', 'shifts'])
-    s.add_argument('--device'); s.add_argument('--quick', action='store_true', help='tiny sizes (seconds)')
+    s.add_argument('what', choices=['ssdc', 'train', 'shifts', 'gpu'])
+    s.add_argument('--device', type=device_arg); s.add_argument('--quick', action='store_true', help='tiny sizes (seconds)')
     s.add_argument('--model', default='pe_vit_small_patch16_224', help='bench train: the model')
     s.add_argument('--compile', action='store_true', help='bench train: torch.compile')
+    s.add_argument('--out', help='bench gpu: output folder (default ./gpu_check)')
     s.set_defaults(func=cmd_bench)
     return p
 
@@ -214,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume", file=sys.stderr); return 130
-    except _USER_ERRORS as e:
-        if a.debug: raise
-        msg = e.args[0] if getattr(e, 'args', None) else e
-        print(f"pe_anchors {a.command}: error: {msg}", file=sys.stderr); return 2
+    except Exception as e:
+        disk = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+        if a.debug or not (isinstance(e, _user_errors()) or disk): raise
+        msg = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+        if disk: msg = f"{e.strerror}: {e.filename or ''} (free some space or choose another --out)"
+        print(f"pe_anchors {a.command}: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
+        return 2

@@ -4,23 +4,24 @@
 
 # %% ../nbs/00_core.ipynb #0735d258
 from __future__ import annotations
-import math, os, platform, sys
+import json, os, platform, sys, tempfile
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 from fastprogress.fastprogress import progress_bar
-from timm.layers import to_2tuple
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'PAPER_CONDITIONS', 'RESULT_COLUMNS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
-           'image_rng', 'condition_spec', 'condition_label', 'condition_order', 'result_row', 'show_progress', 'pbar',
-           'hardware_info']
+__all__ = ['CONDITIONS', 'PAPER_CONDITIONS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'image_rng',
+           'condition_spec', 'condition_label', 'condition_order', 'show_progress', 'pbar', 'hardware_info',
+           'write_atomic', 'read_json', 'RunLock']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
     "Normalise `grid_size` (an int for square grids, or `(H, W)`) to a checked `(H, W)` tuple."
-    h, w = to_2tuple(grid_size)
+    try: h, w = (grid_size, grid_size) if isinstance(grid_size, int) else tuple(grid_size)
+    except (TypeError, ValueError): h = w = None                        # not an int, not a pair
     if not (isinstance(h, int) and isinstance(w, int)) or h < 1 or w < 1:
         raise ValueError(f"grid_size must be a positive int or a pair of positive ints (H, W), got {grid_size!r}")
     return h, w
@@ -78,21 +79,6 @@ def condition_order(conditions: Iterable[str]) -> list[str]:
     "Sort condition keys in the paper's order (`PAPER_CONDITIONS`), extensions after, alphabetically."
     return sorted(set(conditions), key=lambda c: (PAPER_CONDITIONS.index(c) if c in PAPER_CONDITIONS else 99, c))
 
-# %% ../nbs/00_core.ipynb #c8013466
-RESULT_COLUMNS = ('dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity', 'alpha',
-                  'value', 'ci_low', 'ci_high')
-_RESULT_DEFAULTS = dict(stage='trained', mode='normal', layer=-1, shift='', severity='', alpha=1.0,
-                        ci_low=float('nan'), ci_high=float('nan'))
-
-def result_row(**kw) -> dict:
-    "One row of the results table: defaults filled in, unknown columns rejected."
-    extra = set(kw) - set(RESULT_COLUMNS)
-    if extra: raise ValueError(f"unknown result column(s) {sorted(extra)}; columns: {', '.join(RESULT_COLUMNS)}")
-    row = {**_RESULT_DEFAULTS, **kw}
-    missing = [c for c in RESULT_COLUMNS if c not in row]
-    if missing: raise ValueError(f"result row is missing {missing}")
-    return {c: row[c] for c in RESULT_COLUMNS}
-
 # %% ../nbs/00_core.ipynb #c8f41144
 def show_progress(show: bool | None = None) -> bool:
     "Resolve a `show` argument: `None` means 'when interactive' (a notebook or a terminal) unless `PE_ANCHORS_QUIET=1`."
@@ -114,3 +100,59 @@ def hardware_info(device: torch.device | str | None = None) -> str:
     if device.type == 'cuda': what = f"GPU {torch.cuda.get_device_name(device)}"
     else: what = f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
     return f"{what}; Python {platform.python_version()}, torch {torch.__version__}"
+
+# %% ../nbs/00_core.ipynb #285c9a2b
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    "Write `data` to `path` atomically: unique temp file in the same folder, fsync, rename; never a torn file."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data.encode() if isinstance(data, str) else data); f.flush(); os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp): os.remove(tmp)
+        raise
+    return path
+
+def _umask() -> int:
+    m = os.umask(0o022); os.umask(m); return m
+
+def read_json(path: str | Path) -> dict:
+    "Parse a JSON file, naming it in the error when it is empty, torn or not JSON."
+    path = Path(path)
+    try: return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is damaged ({e.msg} at line {e.lineno}); delete it to recompute it") from None
+
+class RunLock:
+    "Exclusive, non-blocking lock on a directory (re-entrant within a process); `.acquired` says whether it is held."
+    _held: dict = {}                                   # lock file -> [fd, count] held by this process
+    def __init__(self, directory: str | Path): self.path, self.acquired = Path(directory) / '.lock', False
+    def __enter__(self) -> 'RunLock':
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        key = str(self.path.resolve())
+        if key in RunLock._held: RunLock._held[key][1] += 1; self.acquired = True; return self
+        try:
+            import fcntl
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError: os.close(fd); return self
+        except ImportError:                                                     # no fcntl (Windows)
+            try: fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+            except FileExistsError: return self
+        RunLock._held[key], self.acquired = [fd, 1], True
+        return self
+    def __exit__(self, *exc):
+        if not self.acquired: return
+        self.acquired = False
+        key = str(self.path.resolve())
+        held = RunLock._held.get(key)
+        if held is None: return
+        held[1] -= 1
+        if held[1] > 0: return
+        del RunLock._held[key]
+        try:
+            import fcntl; fcntl.flock(held[0], fcntl.LOCK_UN); os.close(held[0])
+        except ImportError: os.close(held[0]); self.path.unlink(missing_ok=True)

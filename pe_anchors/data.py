@@ -15,14 +15,16 @@ import torch
 import torch.nn.functional as F
 from fastai.data.core import DataLoaders
 from fastai.data.load import DataLoader
+from fastai.data.transforms import CategoryMap
 
-from .core import check_choice, pbar
+from .core import check_choice, image_rng, pbar
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
 # %% auto #0
 __all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'DATASETS',
            'translate_flip', 'resized_crop', 'random_boxes', 'BatchAug', 'decode_file', 'ImageSplit', 'ImageDL',
-           'ImageData', 'image_folder', 'imagenet100', 'cifar10', 'digits', 'get_data', 'stratified_sample']
+           'ImageLoaders', 'ImageData', 'image_folder', 'imagenet100', 'cifar10', 'digits', 'get_data',
+           'stratified_sample']
 
 # %% ../nbs/03_data.ipynb #c07fe4ea
 # ImageNet-100 as defined by the CMC paper's class file: Tian, Krishnan & Isola, "Contrastive Multiview Coding",
@@ -173,13 +175,24 @@ class ImageSplit:
 class _Items:
     "Indexable view of an `ImageSplit` for `ImageDL` (batched indexing in memory, per-item decoding from files)."
     n_inp = 1
-    def __init__(self, split: ImageSplit, size: int, device=None, item_tfm=None, shard: bool = False):
+    def __init__(self, split: ImageSplit, size: int, device=None, item_tfm=None, shard: bool = False,
+                 vocab: Sequence[str] = (), mean: Sequence[float] = (0., 0., 0.), std: Sequence[float] = (1., 1., 1.)):
         self.split, self.size, self.item_tfm, self.shard = split, size, item_tfm, shard
+        self.vocab, self.mean, self.std = list(vocab), tuple(mean), tuple(std)   # for decoding and showing batches
         self.in_memory = split.in_memory
         if self.in_memory:
             self.images, self.labels = split.images.to(device), split.labels.to(device)
         self._failed = set()
     def __len__(self): return len(self.split)
+    @property
+    def items(self) -> list[tuple]:
+        "`(image or file, label)` pairs, as fastai's `Interpretation` reads them back through `test_dl`."
+        src = self.split.images if self.in_memory else self.split.files
+        return list(zip(src, self.split.labels.tolist()))
+    def new_empty(self) -> '_Items':
+        "The same view over no images (what fastai's `export` keeps of a loader)."
+        empty = ImageSplit(torch.zeros(0, dtype=torch.long), images=torch.zeros(0, 3, self.size, self.size, dtype=torch.uint8))
+        return _Items(empty, self.size, vocab=self.vocab, mean=self.mean, std=self.std)
     def batch(self, idx: torch.Tensor): return self.images[idx], self.labels[idx]
     def __getitem__(self, i: int):
         if self.in_memory: return self.images[i], self.labels[i]
@@ -193,12 +206,52 @@ class _Items:
             return (self.item_tfm(x) if self.item_tfm else x), self.split.labels[k]
         raise RuntimeError("no readable image in this split")
 
+def _show_images(items: list[tuple], ncols: int = 3, figsize_per: float = 1.8, title: str | None = None):
+    "A grid of `(uint8 image (3, S, S), caption)` items."
+    import matplotlib.pyplot as plt
+    n = len(items); nrows = max(1, math.ceil(n / ncols))
+    fig, axs = plt.subplots(nrows, ncols, figsize=(figsize_per * ncols, figsize_per * nrows), squeeze=False)
+    for a, it in zip(axs.flat, items):
+        a.imshow(it[0].permute(1, 2, 0).numpy()); a.set_title(str(it[1]) if len(it) > 1 else '', fontsize=8)
+    for a in axs.flat: a.axis('off')
+    if title: fig.suptitle(title, fontsize=9)
+    return fig
+
 def _dist() -> tuple[int, int]:
     import torch.distributed as dist
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
 class ImageDL(DataLoader):
     "fastai `DataLoader` over an `ImageSplit`: one gather per batch for in-memory data, rank-sharded when distributed."
+    @property
+    def vocab(self) -> CategoryMap: return CategoryMap(self.dataset.vocab, sort=False)   # class names, fastai's `dls.vocab`
+
+    def decode(self, b: tuple) -> tuple[torch.Tensor, ...]: # (x, y, ...) -> uint8 images, class indices, ...
+        "Undo the normalisation of a batch: uint8 `(B, 3, S, S)` images on the CPU (labels and the rest unchanged)."
+        x = b[0]
+        if x.is_floating_point():
+            m, s = (torch.tensor(t, device=x.device).view(1, -1, 1, 1) for t in (self.dataset.mean, self.dataset.std))
+            x = ((x.float() * s + m) * 255).round().clamp(0, 255).to(torch.uint8)
+        return (x.cpu(), *[t.cpu() if torch.is_tensor(t) else t for t in b[1:]])
+
+    def decode_batch(self, b: tuple, max_n: int = 9, full: bool = True) -> list[tuple]:
+        "Per item: `(uint8 image, class name)` (fastai's `decode_batch`: what `Learner.predict` returns)."
+        x, *ys = self.decode(b)
+        name = lambda y: self.vocab[int(y)] if self.vocab and y.ndim == 0 else y
+        return [(x[i], *[name(y[i]) for y in ys]) for i in range(min(len(x), max_n))]
+
+    def show_batch(self, b=None, max_n: int = 9, ctxs=None, show: bool = True, unique: bool = False, **kwargs):
+        "Show images of a batch (the next one by default) with their labels: the augmented training images, for `dls.train`."
+        return _show_images(self.decode_batch(b if b is not None else self.one_batch(), max_n), **kwargs)
+
+    def show_results(self, b, out, max_n: int = 9, ctxs=None, show: bool = True, **kwargs):
+        "Show images with their target / predicted class (fastai's `Learner.show_results`)."
+        items = self.decode_batch(b, max_n)
+        pred = out[0] if isinstance(out, (tuple, list)) else out
+        pred = pred.argmax(-1) if pred.ndim > 1 else pred
+        return _show_images([(x, f"{y} / {self.vocab[int(p)] if self.vocab else int(p)}") for (x, y, *_), p in zip(items, pred)],
+                            title='target / predicted', **kwargs)
+
     def _n_total(self): return len(self.dataset)
     def _share(self) -> int:
         r, w = _dist()
@@ -224,6 +277,30 @@ class ImageDL(DataLoader):
 # %% ../nbs/03_data.ipynb #e0e1cf50
 def _default_device(device=None) -> torch.device:
     return torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+
+def _as_uint8(item, size: int) -> torch.Tensor: # (3, size, size) uint8
+    "An image given as a uint8 tensor (3, H, W), a PIL image or a file path, squashed to `size x size`."
+    from torchvision.transforms.v2.functional import resize
+    if isinstance(item, (str, Path)): return decode_file(item, size)
+    if not torch.is_tensor(item):
+        from torchvision.transforms.v2.functional import pil_to_tensor
+        item = pil_to_tensor(item.convert('RGB'))
+    if item.dtype != torch.uint8 or item.ndim != 3 or item.shape[0] not in (1, 3):
+        raise ValueError(f"an image must be uint8 (3, H, W) (or a PIL image or a file path), got {item.dtype} {tuple(item.shape)}")
+    item = item.expand(3, -1, -1)
+    return resize(item, [size, size], antialias=True) if tuple(item.shape[-2:]) != (size, size) else item
+
+class ImageLoaders(DataLoaders):
+    "fastai `DataLoaders` of `ImageDL`s, with `test_dl` for new images (what `Learner.predict` and `load_learner` use)."
+    n_inp = 1
+    def test_dl(self, test_items, rm_type_tfms=None, with_labels: bool = False, bs: int | None = None, **kwargs) -> ImageDL:
+        "A loader over new images (uint8 tensors, PIL images or file paths), evaluated like the validation split."
+        v, test_items = self.valid, list(test_items)
+        labels = torch.tensor([int(o[1]) for o in test_items]) if with_labels else torch.zeros(len(test_items), dtype=torch.long)
+        x = torch.stack([_as_uint8(o[0] if with_labels else o, v.dataset.size) for o in test_items])
+        items = _Items(ImageSplit(labels, images=x), v.dataset.size, self.device,
+                       vocab=v.dataset.vocab, mean=v.dataset.mean, std=v.dataset.std)
+        return ImageDL(items, bs=bs or v.bs, shuffle=False, drop_last=False, device=self.device, after_batch=v.after_batch)
 
 @dataclass
 class ImageData:
@@ -257,7 +334,8 @@ class ImageData:
 
     def _dl(self, split: ImageSplit, bs: int, device, train: bool, tfm=None, item_tfm=None, num_workers=None, **kw) -> ImageDL:
         if num_workers is None: num_workers = 0 if split.in_memory else min(8, os.cpu_count() or 1)
-        items = _Items(split, self.img_size, device if split.in_memory else None, item_tfm, shard=train)
+        items = _Items(split, self.img_size, device if split.in_memory else None, item_tfm, shard=train,
+                       vocab=self.classes, mean=self.mean, std=self.std)
         return ImageDL(items, bs=bs, shuffle=train, drop_last=train, device=device, num_workers=num_workers,
                        after_batch=tfm if tfm is not None else (lambda b: b), pin_memory=not split.in_memory and device.type == 'cuda', **kw)
 
@@ -284,8 +362,8 @@ class ImageData:
         tr = BatchAug(self.img_size, self.mean, self.std, aug, pad, scale, ratio, crop_done=item_tfm is not None,
                       mixup=mixup, channels_last=channels_last)
         va = BatchAug(self.img_size, self.mean, self.std, 'none', channels_last=channels_last)
-        return DataLoaders(self._dl(self.train, bs, device, True, tr, item_tfm, num_workers),
-                           self._dl(self.valid, valid_bs or 2 * bs, device, False, va, None, num_workers), device=device)
+        return ImageLoaders(self._dl(self.train, bs, device, True, tr, item_tfm, num_workers),
+                            self._dl(self.valid, valid_bs or 2 * bs, device, False, va, None, num_workers), device=device)
 
     def valid_uint8(self,
                     bs: int = 256,
@@ -447,6 +525,7 @@ def cifar10(path: str | Path | None = None,    # a folder (train/, val|test/) or
 def digits(seed: int = 0,              # seed of the train/valid split
            valid_pct: float = 0.2,
            img_size: int = 16,         # 8 (native) or a larger side, reached by bilinear upsampling
+           background: float = 0.,     # amplitude (grey levels) of a smooth random background behind each digit
           ) -> ImageData:
     "scikit-learn's bundled 8x8 digits as 3-channel uint8 images (upsampled to `img_size`): a fixed stratified split, no network."
     if img_size < 8: raise ValueError(f"digits are 8x8 images: img_size must be >= 8, got {img_size}")
@@ -455,6 +534,10 @@ def digits(seed: int = 0,              # seed of the train/valid split
     d = load_digits()
     x = torch.from_numpy(d.images * (255 / 16)).float()[:, None]                          # (n, 1, 8, 8) in 0..255
     if img_size != 8: x = F.interpolate(x, size=(img_size, img_size), mode='bilinear', align_corners=False)
+    if background < 0 or background > 255: raise ValueError(f"background is an amplitude in 0..255, got {background}")
+    if background:                                       # image i: 4x4 uniform noise from (seed, i), upsampled
+        lo = torch.from_numpy(np.stack([image_rng(seed, i).random((1, 4, 4)) for i in range(len(x))])).float()
+        x = x + background * F.interpolate(lo, size=x.shape[-2:], mode='bilinear', align_corners=False)
     x = x.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
     y = torch.from_numpy(d.target.astype(np.int64))
     itr, iva = train_test_split(np.arange(len(y)), test_size=valid_pct, random_state=seed, stratify=d.target)
@@ -463,7 +546,8 @@ def digits(seed: int = 0,              # seed of the train/valid split
     mean, std = tuple([round(xt.mean().item(), 4)] * 3), tuple([round(xt.std().item(), 4)] * 3)
     return ImageData('digits', [str(i) for i in range(10)], img_size, mean, std, ImageSplit(y[itr], images=x[itr]),
                      ImageSplit(y[iva], images=x[iva]), 'crop',
-                     spec=dict(builder='digits', seed=seed, valid_pct=valid_pct, img_size=img_size))
+                     spec=dict(builder='digits', seed=seed, valid_pct=valid_pct, img_size=img_size,
+                               **({'background': background} if background else {})))
 
 # %% ../nbs/03_data.ipynb #6b8dd411
 DATASETS = {'digits': digits, 'cifar10': cifar10, 'imagenet100': imagenet100, 'image_folder': image_folder}

@@ -4,7 +4,7 @@
 
 # %% ../nbs/09_experiment.ipynb #f0a5f4b2
 from __future__ import annotations
-import hashlib, json, os, time
+import hashlib, json, os, shutil, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 from typing import Sequence
@@ -14,19 +14,21 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .core import (CONDITIONS, PAPER_CONDITIONS, RESULT_COLUMNS, check_choice, condition_spec, hardware_info,
-                             pbar, result_row, show_progress)
+from .core import (CONDITIONS, PAPER_CONDITIONS, RunLock, check_choice, condition_spec, hardware_info, read_json,
+                             show_progress, write_atomic)
+from .paper import PAPER_ALPHAS
+from .results import fragility, gather, read_results, result_row, write_results
 from .data import ImageData, get_data, stratified_sample
 from .vit import load_checkpoint
 from .callback.permute import unwrap_model
-from .learner import pe_learner, train
-from .interventions import PAPER_ALPHAS, SSDC_MODES, alpha_sweep, ssdc_trajectories
-from .robustness import (JPEG, SEVERITIES, SHIFT_KINDS, TensorBatches, evaluate_accuracy, evaluate_shifts,
-                                   fragility, make_shift, shifted_set)
+from .learner import DEFAULT_MODELS, config_diff, get_recipe, make_callbacks, pe_learner, train
+from .interventions import SSDC_MODES, alpha_sweep, pe_table_ssdc, ssdc_trajectories
+from .robustness import (SHIFT_KINDS, TensorBatches, evaluate_accuracy, evaluate_shifts, make_shift,
+                                   shifted_set)
 
 # %% auto #0
-__all__ = ['PRESETS', 'Experiment', 'preset', 'EvalData', 'evaluate_model', 'resolve_shard', 'run_dir_of', 'read_results',
-           'gather', 'run_one', 'run_experiment', 'load_run_model']
+__all__ = ['PRESETS', 'RESTART_FILES', 'Experiment', 'preset', 'EvalData', 'evaluate_model', 'check_experiment', 'check_run',
+           'resolve_shard', 'run_dir_of', 'run_one', 'run_experiment', 'load_run_model']
 
 # %% ../nbs/09_experiment.ipynb #f2551c4f
 @dataclass
@@ -51,6 +53,7 @@ class Experiment:
     severities: bool = False                # also ImageNet-C severities 1..5 of JPEG and blur (curves)
     shift_ref_size: int = 224               # image side at which the blur σ/kernel are defined; scaled by img_size/this
     eval_bs: int = 256
+    callbacks: list = field(default_factory=list)       # extra fastai callbacks by name (`learner.CALLBACKS`), e.g. ['wandb']
 
     def __post_init__(self): self.validate()
 
@@ -96,8 +99,8 @@ class Experiment:
 
 # %% ../nbs/09_experiment.ipynb #08823676
 PRESETS = {
-    'digits': dict(name='digits', data='digits', train_kwargs=dict(epochs=15, bs=32, lr=2e-3), ssdc_images=360,
-                   shift_ref_size=64),
+    'digits': dict(name='digits', data='digits', data_kwargs=dict(background=64),
+                   train_kwargs=dict(epochs=15, bs=32, lr=2e-3, pe_lr_mult=10), ssdc_images=360, shift_ref_size=64),
     'cifar10': dict(name='cifar10', data='cifar10', model='pe_vit_tiny_patch4_32',
                     train_kwargs=dict(epochs=20, bs=512, lr=2e-3), ssdc_images=1000),
     'cifar10-cpu': dict(name='cifar10-cpu', data='cifar10', model='pe_vit_nano_patch4_32',
@@ -106,9 +109,9 @@ PRESETS = {
                         seeds=[0, 1, 2, 3], ssdc_images=1000, severities=True),
 }
 
-def preset(name: str, **overrides) -> Experiment:
-    "The `Experiment` of preset `name` (`digits`, `cifar10`, `imagenet100`), with field `overrides`."
-    base = PRESETS[check_choice('preset', name, PRESETS)]
+def preset(which: str, **overrides) -> Experiment:
+    "The `Experiment` of preset `which` (a key of `PRESETS`), with field `overrides` (`name=` included)."
+    base = PRESETS[check_choice('preset', which, PRESETS)]
     merged = {**base, **overrides}
     for k in ('train_kwargs', 'data_kwargs', 'model_kwargs'):             # nested dicts merge instead of replacing
         if k in base and k in overrides: merged[k] = {**base[k], **overrides[k]}
@@ -161,8 +164,9 @@ def _shift_rows(df: pd.DataFrame, **meta) -> list[dict]:
     rows = []
     for r in df.itertuples():
         shift, sev = ('clean', '') if r.shift == 'clean' else (r.kind, str(r.severity))
-        rows.append(result_row(metric='acc', shift=shift, severity=sev, value=r.acc, **meta))
-        if shift != 'clean': rows.append(result_row(metric='fs', shift=shift, severity=sev, value=r.fs, **meta))
+        rows.append({**result_row(metric='acc', shift=shift, severity=sev, value=r.acc, **meta), 'n_images': r.n})
+        if shift != 'clean':
+            rows.append({**result_row(metric='fs', shift=shift, severity=sev, value=r.fs, **meta), 'n_images': r.n})
     return rows
 
 def evaluate_model(model: nn.Module,
@@ -175,10 +179,13 @@ def evaluate_model(model: nn.Module,
                   ) -> pd.DataFrame:
     "Every measurement of `exp` on one model, as results rows (see above)."
     check_choice('stage', stage, ('trained', 'untrained'))
-    meta = dict(dataset=exp.name, condition=condition, seed=seed, stage=stage)
+    meta = dict(experiment=exp.name, dataset=ev.data.name, condition=condition, seed=seed, stage=stage)
     model = unwrap_model(model).eval().to(ev.device)
     frames = [ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
                                 perm_seed=1000 * seed, measure_kwargs=dict(show_progress=False), **meta)]
+    pe = getattr(model, 'pos_embed', None)
+    if getattr(pe, 'additive', False) or isinstance(pe, torch.Tensor):     # the learned / fixed table's own structure
+        frames.append(pd.DataFrame([result_row(metric='pe_table_ssdc', value=pe_table_ssdc(model), **meta)]))
     if stage == 'trained':
         acc = evaluate_shifts({(condition, seed): model}, ev.clean, ev.shifts(exp.severities, exp.shift_ref_size),
                               normalize=ev.data.normalize,
@@ -199,14 +206,43 @@ def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show) -> pd.Da
     for a in exp.alphas:
         at = sweep[sweep['alpha'] == float(a)].set_index('metric')['value']
         clean, shifted = float(at['acc_clean']), float(at['acc_jpeg'])
-        rows += [result_row(metric='acc', shift='clean', alpha=float(a), value=clean, **meta),
+        rows += [{**r, 'n_images': len(ev.labels)} for r in (
+                 result_row(metric='acc', shift='clean', alpha=float(a), value=clean, **meta),
                  result_row(metric='acc', shift='jpeg', severity='paper', alpha=float(a), value=shifted, **meta),
                  result_row(metric='fs', shift='jpeg', severity='paper', alpha=float(a),
-                            value=float(fragility(shifted, clean)) if clean > 0 else float('nan'), **meta)]
+                            value=float(fragility(shifted, clean)) if clean > 0 else float('nan'), **meta))]
     # alpha = 1 duplicates the plain measurements: keep the α-sweep rows distinguishable by a column
     out = pd.concat([delta, pd.DataFrame(rows)], ignore_index=True)
     out['sweep'] = 'alpha'
     return out
+
+# %% ../nbs/09_experiment.ipynb #9e9bcab8
+def check_experiment(exp: Experiment, data: ImageData | None = None):
+    "Validate `exp` (fields, recipe, model per condition, depth for ΔSSDC) before anything runs; raise ValueError."
+    exp.validate()
+    get_recipe(exp.recipe, **exp.train_kwargs)
+    import timm
+    size = data.img_size if data is not None else None
+    model = exp.model or (DEFAULT_MODELS.get(size) if size else None)
+    if model is None: return                                   # resolved from the data's image size later
+    for cond in exp.conditions:
+        try: m = timm.create_model(model, pe=condition_spec(cond)['pe'], num_classes=data.c if data else 10, **exp.model_kwargs)
+        except TypeError as e: raise ValueError(f"model_kwargs {exp.model_kwargs} do not fit {model}: {e}") from None
+        if len(getattr(m, 'blocks', ())) < 2:
+            raise ValueError(f"{model} with {exp.model_kwargs} has {len(getattr(m, 'blocks', ()))} block(s): ΔSSDC (block 1 "
+                             "minus block 0 under RPI) needs at least 2")
+
+def check_run(exp: Experiment, run_dir: str | Path):
+    "Refuse a finished run whose recorded training config is not what `exp` trains (e.g. copied from elsewhere)."
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / 'train' / 'config.json'
+    if not cfg_path.exists(): raise ValueError(f"{run_dir} has results but no train/config.json: not made by this pipeline")
+    cfg = read_json(cfg_path)
+    want = dict(recipe=json.loads(json.dumps(asdict(get_recipe(exp.recipe, **exp.train_kwargs)))),
+                model_kwargs=exp.model_kwargs, **({'model': exp.model} if exp.model else {}))
+    diff = config_diff({k: cfg.get(k) for k in want}, want)
+    if diff: raise ValueError(f"{run_dir} was trained with another setting (differs in {diff}) than this experiment; "
+                              "move it out of the experiment directory")
 
 # %% ../nbs/09_experiment.ipynb #facd99a6
 def resolve_shard(shard: str | Sequence[int] | None) -> tuple[int, int, int | None]:
@@ -232,48 +268,40 @@ def run_dir_of(out_dir: str | Path, condition: str, seed: int) -> Path:
     "The directory of run (condition, seed) inside an experiment directory."
     return Path(out_dir) / 'runs' / f'{condition}-s{seed}'
 
-def _write_atomic(path: Path, text: str):
-    tmp = path.with_name(path.name + '.tmp'); tmp.write_text(text); tmp.replace(path)
-
-def read_results(path: str | Path) -> pd.DataFrame:
-    "Read a results CSV with the column types of the results table (empty `shift`/`severity` stay empty strings)."
-    df = pd.read_csv(path, dtype={'shift': str, 'severity': str, 'mode': str, 'stage': str})
-    for c in ('shift', 'severity'): df[c] = df[c].fillna('')
-    return df
-
-def gather(out_dir: str | Path, write: bool = True) -> pd.DataFrame:
-    "Concatenate the results of every finished run of an experiment directory (and write `results.csv`)."
-    out_dir = Path(out_dir)
-    files = sorted((out_dir / 'runs').glob('*/results.csv'))
-    if not files: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'} (run the experiment first)")
-    df = pd.concat([read_results(f) for f in files], ignore_index=True)
-    if write: _write_atomic(out_dir / 'results.csv', df.to_csv(index=False))
-    return df
-
 # %% ../nbs/09_experiment.ipynb #4c343b51
 def run_one(exp: Experiment, data: ImageData, ev: EvalData, condition: str, seed: int, run_dir: str | Path,
-            device=None, show: bool | None = None) -> pd.DataFrame:
-    "Train (or resume) one run, evaluate it (and its initialisation), and write its `results.csv`; skip if finished."
+            device=None, show: bool | None = None) -> pd.DataFrame | None:
+    "Train (or resume) one run, evaluate it (and its initialisation), write its `results.csv`; skip if finished or busy."
     run_dir = Path(run_dir)
     done = run_dir / 'results.csv'
     if done.exists(): return read_results(done)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir) as lock:
+        if not lock.acquired:                          # another process (an unsharded twin sweep) is on this run
+            print(f"{run_dir}: another process is running it; skipped here", flush=True); return None
+        if done.exists(): return read_results(done)     # finished by the other process meanwhile
+        return _run_one(exp, data, ev, condition, seed, run_dir, done, device, show)
+
+def _run_one(exp, data, ev, condition, seed, run_dir: Path, done: Path, device, show) -> pd.DataFrame:
     kw = dict(model=exp.model, model_kwargs=exp.model_kwargs, device=device, show_progress=show)
     t0 = time.perf_counter()
     frames = []
     if exp.untrained:
         init = pe_learner(data, condition, recipe=exp.recipe, seed=seed, **kw, **exp.train_kwargs).model
         frames.append(evaluate_model(init, ev, exp, condition, seed, 'untrained', show=False))
-    out = train(condition, data, exp.recipe, run_dir=run_dir / 'train', seed=seed, **kw, **exp.train_kwargs)
+    out = train(condition, data, exp.recipe, run_dir=run_dir / 'train', seed=seed, cbs=make_callbacks(exp.callbacks),
+                **kw, **exp.train_kwargs)
     t_train = time.perf_counter() - t0
     frames.append(evaluate_model(out['learn'].model, ev, exp, condition, seed, 'trained', show=show))
     df = pd.concat(frames, ignore_index=True)
-    _write_atomic(run_dir / 'run.json', json.dumps(dict(
+    write_atomic(run_dir / 'run.json', json.dumps(dict(
         condition=condition, seed=seed, train=dict((k, v) for k, v in out.items() if k != 'learn'),
         train_and_init_s=round(t_train, 2), eval_s=round(time.perf_counter() - t0 - t_train, 2),
         hardware=hardware_info(ev.device)), indent=2))
-    _write_atomic(done, df.to_csv(index=False))
+    write_results(df, done)
     return df
+
+RESTART_FILES = ('runs', 'results.csv', 'results.csv.sha256', 'experiment.json', 'ssdc_sample.json', 'shifts.json', 'report')
 
 def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset name or a JSON/YAML file
                    out_dir: str | Path,
@@ -282,36 +310,46 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
                    show: bool | None = None,         # progress bars (default: when interactive)
                    data: ImageData | None = None,    # a prebuilt dataset (else built from `exp.data`)
                    verbose: bool | None = None,      # one line per finished run (default: as `show`)
+                   restart: bool = False,            # delete this directory's earlier runs and results first
                   ) -> pd.DataFrame:
     "Run (or continue) every unfinished run of `exp` in `out_dir`, then gather all finished runs into one table."
     if not isinstance(exp, Experiment): exp = Experiment.load(exp)
-    exp.validate()
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = out_dir / 'experiment.json'
-    if cfg.exists() and json.loads(cfg.read_text()) != exp.to_dict():
-        old = json.loads(cfg.read_text())
-        diff = sorted(k for k in set(old) | set(exp.to_dict()) if old.get(k) != exp.to_dict().get(k))
-        raise ValueError(f"{out_dir} holds a different experiment (differs in {diff}); use another out_dir")
-    _write_atomic(cfg, json.dumps(exp.to_dict(), indent=2))
+    check_experiment(exp)                            # everything that can be checked before anything is written
     index, count, local = resolve_shard(shard)
+    out_dir = Path(out_dir)
+    cfg = out_dir / 'experiment.json'
+    if restart:
+        for name in RESTART_FILES:
+            p = out_dir / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    if cfg.exists():
+        old = read_json(cfg)
+        if old != exp.to_dict():
+            diff = sorted(k for k in set(old) | set(exp.to_dict()) if old.get(k) != exp.to_dict().get(k))
+            raise ValueError(f"{out_dir} holds a different experiment (differs in {diff}); use another directory, "
+                             "or restart=True (--restart) to delete its results and start over")
     if device is None and local is not None and torch.cuda.is_available(): device = f'cuda:{local}'
     if device is None: device = 'cuda' if torch.cuda.is_available() else 'cpu'
     show = show_progress(show)
     verbose = show if verbose is None else verbose
     if data is None: data = get_data(exp.data, **exp.data_kwargs)
+    check_experiment(exp, data)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(cfg, json.dumps(exp.to_dict(), indent=2))
     ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device, cache_dir=out_dir / 'cache', sample_seed=exp.sample_seed)
-    _write_atomic(out_dir / 'ssdc_sample.json', json.dumps(ev.sample_record()))
-    _write_atomic(out_dir / 'shifts.json', json.dumps({s.name: s.description() for s in
+    write_atomic(out_dir / 'ssdc_sample.json', json.dumps(ev.sample_record()))
+    write_atomic(out_dir / 'shifts.json', json.dumps({s.name: s.description() for s in
                                                        ev.shifts(exp.severities, exp.shift_ref_size)}, indent=2))
     mine = exp.runs()[index::count]
     for i, (cond, seed) in enumerate(mine):
         t = time.perf_counter()
         df = run_one(exp, data, ev, cond, seed, run_dir_of(out_dir, cond, seed), device=device, show=show)
-        if verbose:
+        if verbose and df is not None:
             d = df[(df.metric == 'acc') & (df['shift'] == 'clean') & (df.stage == 'trained')]
             acc = d[d['sweep'].isna()]['value'] if 'sweep' in d else d['value']
             print(f"[{i + 1}/{len(mine)}] {exp.name}: {cond} seed {seed} finished in {time.perf_counter() - t:.0f} s, "
                   f"clean accuracy {acc.iloc[0]:.4f}", flush=True)
+    for d in sorted((out_dir / 'runs').glob('*/results.csv')): check_run(exp, d.parent)
     return gather(out_dir)
 
 # %% ../nbs/09_experiment.ipynb #2f86062a

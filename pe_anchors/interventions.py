@@ -15,21 +15,19 @@ import torch
 from torch import nn
 from scipy import stats
 
-from .core import CONDITIONS, check_choice, condition_label, condition_order, pbar
+from .core import check_choice, pbar
+from .paper import PAPER_ALPHAS
+from .results import result_frame, ssdc_metric
 from .pos_embed import PosEmbed
 from .vit import TokenPermutation
-from .ssdc import ssdc_curve, result_frame, bootstrap_ci
+from .ssdc import (ssdc_curve, bootstrap_ci, model_grid_size, ssdc_from_similarity, token_similarity)
 
 # %% auto #0
-__all__ = ['SSDC_MODES', 'PAPER_ALPHAS', 'PAPER_SSDC', 'ssdc_metric', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc',
-           'ssdc_trajectories', 'pe_scaled', 'alpha_sweep', 'paper_curves', 'plot_ssdc']
+__all__ = ['SSDC_MODES', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table', 'pe_table_ssdc',
+           'pe_scaled', 'alpha_sweep']
 
 # %% ../nbs/07_interventions.ipynb #a768648c
 SSDC_MODES = {'normal': None, 'rpi': 'draw', 'rpi_image': 'image'}  # results-table mode -> TokenPermutation mode
-
-def ssdc_metric(mode: str) -> str:
-    "The metric a mode's SSDC values are: `'ssdc'` (pooled matrix) or, for per-image permutations, `'ssdc_image'`."
-    return 'ssdc_image' if check_choice('SSDC mode', mode, SSDC_MODES) == 'rpi_image' else 'ssdc'
 
 def spread(draws: np.ndarray, level: float = .95) -> dict[str, np.ndarray]:
     "Mean over axis 0 with SD, a t-interval of the mean, min and max (NaN spread for a single draw)."
@@ -100,7 +98,7 @@ def measure_ssdc(model: nn.Module,
                  max_images: int | None = None,       # images per draw (None: the whole loader)
                  layers: Sequence[int] | None = None, # blocks to measure (default: all)
                  show_progress: bool | None = None,
-                 point: str = 'ln1',                  # `Recorder` tap point; 'ln1' is the paper's
+                 point: str = 'ln1',                  # `TokenRecorder` tap point; 'ln1' is the paper's
                 ) -> SSDCRuns:
     "SSDC of every block's LN1 input (or another tap `point`), unpermuted or under RPI over `n_perms` seeded draws."
     perm_mode = SSDC_MODES[check_choice('SSDC mode', mode, SSDC_MODES)]
@@ -156,9 +154,25 @@ def ssdc_trajectories(model: nn.Module,
                                              n_images=runs.n_images, perm_seed=perm_seed)], **meta))
     return pd.concat(frames, ignore_index=True)
 
-# %% ../nbs/07_interventions.ipynb #6f2ec384
-PAPER_ALPHAS = (1.0, .9, .8, .7, .6, .5, .4, .3, .2, .1)   # Table 1 / 3 (APE) and Table 4 (SPE)
+# %% ../nbs/07_interventions.ipynb #505c0d95
+def pe_table(model: nn.Module) -> torch.Tensor: # (N, C) the patch rows of the additive position table
+    "The additive position table of a PEViT (APE, SPE) or timm ViT, patch rows only (prefix rows dropped)."
+    pe = getattr(model, 'pos_embed', None)
+    if isinstance(pe, PosEmbed):
+        if not pe.additive: raise ValueError(f"{type(pe).__name__} adds no position table (rotary or none)")
+        return pe.table()[0, pe.num_prefix_tokens:].detach()
+    if isinstance(pe, torch.Tensor):
+        skip = 0 if getattr(model, 'no_embed_class', False) else int(getattr(model, 'num_prefix_tokens', 1))
+        return pe.detach().reshape(-1, pe.shape[-1])[skip:]
+    raise ValueError(f"{type(model).__name__} has no additive position table (`pos_embed` module or parameter)")
 
+def pe_table_ssdc(model: nn.Module, grid_size: int | Sequence[int] | None = None, metric: str = 'manhattan') -> float:
+    "SSDC of the position table's patch rows: Spearman of their cosine similarities with minus the grid distance."
+    t = pe_table(model).float()
+    grid = model_grid_size(model) if grid_size is None else grid_size
+    return float(ssdc_from_similarity(token_similarity(t), grid, metric))
+
+# %% ../nbs/07_interventions.ipynb #6f2ec384
 @contextmanager
 def pe_scaled(model: nn.Module, alpha: float):
     "Temporarily scale the model's positional signal by `alpha` (PEViT: `pos_embed.scaled`; timm: the `pos_embed` parameter)."
@@ -200,55 +214,4 @@ def alpha_sweep(model: nn.Module,
     return result_frame(rows, **meta)
 
 # %% ../nbs/07_interventions.ipynb #95ba7414
-PAPER_SSDC = {  # published curves, mean of 4 seeds read off the paper's figures (`SPEC.md` §3-4), layers 0..11
-    'normal': dict(ape=[.539, .671, .693, .684, .661, .646, .632, .634, .639, .642, .643, .643],
-                   rope=[.477, .574, .568, .622, .641, .660, .662, .665, .667, .669, .670, .670],
-                   spe=[.486, .693, .702, .676, .638, .610, .588, .596, .600, .604, .601, .604],
-                   nope=[.494, .586, .607, .638, .640, .645, .646, .649, .652, .653, .652, .654]),
-    'rpi': dict(ape=[.005, .474, .491, .461, .425, .394, .375, .372, .375, .382, .391, .397],
-                rope=[-.008, -.008, -.004, .031, .082, .145, .189, .231, .266, .294, .313, .321],
-                spe=[.235, .532, .584, .561, .504, .467, .447, .451, .453, .457, .453, .459]),
-}
-
-def paper_curves(mode: str = 'normal') -> dict[str, list[float]]:
-    "Published SSDC curves for `plot_ssdc(references=...)`, keyed by plot label."
-    return {f"{condition_label(c)} (paper)": v for c, v in PAPER_SSDC[check_choice('mode', mode, PAPER_SSDC)].items()}
-
-def plot_ssdc(df: pd.DataFrame,
-              metric: str = 'ssdc',
-              mode: str = 'normal',
-              ax=None,
-              references: dict[str, Sequence[float]] | None = None, # label -> values at layers 0, 1, ... (dashed)
-              title: str | None = None,
-             ):
-    "Paper-style depth plot: mean over seeds per condition (and stage), ±1 SD band, x axis 'Layer'."
-    import matplotlib.pyplot as plt
-    d = df[(df['metric'] == metric) & (df['mode'] == mode) & (df['layer'] >= 0)]
-    if d.empty:
-        raise ValueError(f"no rows with metric={metric!r} and mode={mode!r}; the table has metrics "
-                         f"{sorted(df['metric'].unique())} and modes {sorted(df['mode'].unique())}")
-    if ax is None: ax = plt.subplots(figsize=(5, 3.5))[1]
-    conds = condition_order(d['condition'].unique())
-    stages = d['stage'].unique()
-    colours = {}
-    for c in conds:
-        for st in stages:
-            g = d[(d['condition'] == c) & (d['stage'] == st)]
-            if g.empty: continue
-            by = g.groupby('layer')
-            mean, n = by['value'].mean(), by['value'].count()
-            sd = by['value'].std() if n.max() > 1 else (by['sd'].mean() if 'sd' in g else mean * np.nan)
-            label = condition_label(c) + (f" ({st})" if len(stages) > 1 else '')
-            line, = ax.plot(mean.index, mean.values, marker='o', ms=3, label=label)
-            colours[condition_label(c)] = line.get_color()
-            ax.fill_between(mean.index, (mean - sd.fillna(0)).values, (mean + sd.fillna(0)).values,
-                            color=line.get_color(), alpha=.2, lw=0)
-    for name, vals in (references or {}).items():
-        colour = colours.get(name.split(' (')[0])                            # the matching condition's colour, if any
-        ax.plot(range(len(vals)), vals, ls='--', lw=1, label=name, **({'color': colour} if colour else {}))
-    ax.axhline(0, color='k', lw=.5, alpha=.4)
-    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-    ax.set_xlabel('Layer'); ax.set_ylabel({'ssdc': 'SSDC', 'ssdc_image': 'per-image SSDC'}.get(metric, metric))
-    ax.set_title(title if title is not None else f"{metric} ({mode})")
-    ax.legend(fontsize=8)
-    return ax
+#| export

@@ -4,35 +4,39 @@
 
 # %% ../nbs/05_learner.ipynb #ad78b366
 from __future__ import annotations
-import csv, json, os, random, shutil, time
-from dataclasses import dataclass, asdict, replace, field
+import csv, io, json, math, os, random, shutil, tempfile, time, warnings
+from dataclasses import dataclass, asdict, replace
 from functools import partial
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 import timm
-from fastai.callback.core import Callback, CancelFitException
+from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from fastai.callback.channelslast import ChannelsLast
-import fastai.callback.schedule                                   # Learner.fit_one_cycle
+import fastai.callback.schedule  # noqa: F401  (adds Learner.fit_one_cycle)
 from fastai.learner import Learner
 from fastai.metrics import accuracy
 from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop
 
-from .core import check_choice, condition_spec, hardware_info, CONDITIONS, show_progress as _show_progress
-from .vit import save_checkpoint, create_pe_vit
-from .data import ImageData, ImageSplit, get_data
+from .core import (RunLock, check_choice, condition_spec, hardware_info, read_json, write_atomic,
+                             show_progress as _show_progress)
+from .vit import save_checkpoint
+from .data import ImageData, get_data
 from .callback.permute import RPT, unwrap_model
 
 # %% auto #0
-__all__ = ['RECIPES', 'DEFAULT_MODELS', 'Recipe', 'get_recipe', 'SoftTargetCE', 'wd_param_groups', 'last_checkpoint',
-           'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'pe_learner', 'fit_recipe', 'train', 'bench_train']
+__all__ = ['RECIPES', 'PARAM_KINDS', 'DEFAULT_MODELS', 'CALLBACKS', 'Recipe', 'get_recipe', 'SoftTargetCE', 'wd_param_groups',
+           'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff', 'checkpoints', 'last_checkpoint',
+           'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'make_callbacks', 'EpochLines', 'pe_learner',
+           'fit_recipe', 'train']
 
 # %% ../nbs/05_learner.ipynb #fa871433
 @dataclass
@@ -56,6 +60,7 @@ class Recipe:
     bf16: bool = False                  # bf16 autocast (CUDA only)
     channels_last: bool = False         # CUDA only
     compile: bool = False               # torch.compile the model (in place, state-dict keys unchanged)
+    pe_lr_mult: float = 1.              # learning rate of the position parameters (PE module) relative to `lr`
     model_style: str = 'timm'           # pe_vit models: 'timm' or 'released' init and dropout sites (`vit.MODEL_STYLES`)
 
 RECIPES = {
@@ -67,21 +72,35 @@ def get_recipe(recipe: str | Recipe = 'fast', **overrides) -> Recipe:
     "A recipe by name (`RECIPES`) or as given, with field `overrides` (unknown names raise)."
     r = RECIPES[check_choice('recipe', recipe, RECIPES)] if isinstance(recipe, str) else recipe
     bad = set(overrides) - set(Recipe.__dataclass_fields__)
-    if bad: raise TypeError(f"unknown recipe field(s) {sorted(bad)}; valid: {', '.join(Recipe.__dataclass_fields__)}")
-    return replace(r, **overrides)
+    if bad: raise ValueError(f"unknown recipe field(s) {sorted(bad)}; valid: {', '.join(Recipe.__dataclass_fields__)}")
+    r = replace(r, **overrides)
+    for name in ('epochs', 'bs'):
+        v = getattr(r, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1: raise ValueError(f"recipe {name} must be an int >= 1, got {v!r}")
+    for name in ('lr', 'pe_lr_mult', 'div', 'div_final'):
+        v = getattr(r, name)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0: raise ValueError(f"recipe {name} must be > 0, got {v!r}")
+    if not (0 <= r.wd < 1 and 0 <= r.label_smoothing < 1 and 0 < r.pct_start < 1):
+        raise ValueError(f"recipe wd and label_smoothing must be in [0, 1) and pct_start in (0, 1), got {r.wd}, "
+                         f"{r.label_smoothing}, {r.pct_start}")
+    check_choice('model style', r.model_style, ('timm', 'released'))
+    return r
 
 # %% ../nbs/05_learner.ipynb #173b9a70
 class SoftTargetCE(nn.Module):
     "Cross-entropy for class targets `(B,)` (with `label_smoothing`) or soft targets `(B, K)` (mixup / cutmix)."
-    def __init__(self, label_smoothing: float = 0.): super().__init__(); self.label_smoothing = label_smoothing
+    def __init__(self, label_smoothing: float = 0., reduction: str = 'mean'):
+        super().__init__()
+        self.label_smoothing, self.reduction = label_smoothing, reduction    # fastai sets reduction='none' for losses
     def forward(self, pred: torch.Tensor, targ: torch.Tensor) -> torch.Tensor:
-        if targ.ndim == pred.ndim: return -(targ * F.log_softmax(pred.float(), -1)).sum(-1).mean()
-        return F.cross_entropy(pred.float(), targ, label_smoothing=self.label_smoothing)
+        if targ.ndim == pred.ndim: loss = -(targ * F.log_softmax(pred.float(), -1)).sum(-1)
+        else: loss = F.cross_entropy(pred.float(), targ, label_smoothing=self.label_smoothing, reduction='none')
+        return loss.mean() if self.reduction == 'mean' else loss.sum() if self.reduction == 'sum' else loss
     def activation(self, x): return F.softmax(x, dim=-1)
     def decodes(self, x): return x.argmax(dim=-1)
 
 def wd_param_groups(model: nn.Module) -> list[list[nn.Parameter]]:
-    "fastai splitter: `[decayed, not decayed]`; not decayed = biases, norms (ndim <= 1) and `model.no_weight_decay()`."
+    "`[decayed, not decayed]`; not decayed = biases, norms (ndim <= 1) and `model.no_weight_decay()`."
     skip = set(getattr(model, 'no_weight_decay', lambda: set())())
     decay, no_decay = [], []
     for n, p in model.named_parameters():
@@ -89,35 +108,115 @@ def wd_param_groups(model: nn.Module) -> list[list[nn.Parameter]]:
         (no_decay if p.ndim <= 1 or n in skip else decay).append(p)
     return [g for g in (decay, no_decay) if g]
 
+PARAM_KINDS = ('body', 'body_no_wd', 'position', 'head', 'head_no_wd')   # the optimiser's parameter groups, in order
+
+def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    "The non-empty groups of `PARAM_KINDS`: body/head (the classifier) x decayed/not, and the position parameters."
+    skip = set(getattr(model, 'no_weight_decay', lambda: set())())
+    head = getattr(model, 'get_classifier', lambda: None)()
+    head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
+    out = {k: [] for k in PARAM_KINDS}
+    for n, p in model.named_parameters():
+        if id(p) in head_ids: kind = 'head_no_wd' if p.ndim <= 1 else 'head'
+        elif n.startswith('pos_embed') or '.rope' in n or n.startswith('rope'): kind = 'position'
+        else: kind = 'body_no_wd' if p.ndim <= 1 or n in skip else 'body'
+        out[kind].append(p)
+    return {k: v for k, v in out.items() if v}
+
+def pe_splitter(model: nn.Module) -> list[list[nn.Parameter]]:
+    "fastai splitter: the parameter lists of `param_groups`, in `PARAM_KINDS` order."
+    return list(param_groups(model).values())
+
+class LayerGroupOptimWrapper(OptimWrapper):
+    "fastai `OptimWrapper` whose torch groups are parts of two layer groups, body and head: `freeze()` trains the head only."
+    def __init__(self, params, opt, kinds: Sequence[str], **kwargs):
+        super().__init__(params, opt, **kwargs)
+        self.layer_of = [1 if k.startswith('head') else 0 for k in kinds]   # layer group of each torch group
+    def freeze_to(self, n: int):
+        "Freeze the layer groups before `n` (0: nothing, -1 or 1: the body): fastai's `freeze` / `unfreeze`."
+        self.frozen_idx = n if n >= 0 else 2 + n
+        for lg, pl in zip(self.layer_of, self.param_lists):
+            for p in pl: p.requires_grad_(lg >= self.frozen_idx or self.state[p].get('force_train', False))
+
 # %% ../nbs/05_learner.ipynb #94b1329e
 _VOLATILE = ('hardware', 'versions', 'created', 'world_size', 'device')
+
+def config_diff(old: dict, new: dict) -> list[str]:
+    "Keys whose values differ (volatile ones ignored); recipe fields missing from `old` (added since) count as defaults."
+    old, new = json.loads(json.dumps(old)), json.loads(json.dumps(new))
+    if isinstance(old.get('recipe'), dict) and isinstance(new.get('recipe'), dict):
+        old['recipe'] = {**json.loads(json.dumps(asdict(Recipe()))), **old['recipe']}
+        new['recipe'] = {**json.loads(json.dumps(asdict(Recipe()))), **new['recipe']}
+        rdiff = [f'recipe.{k}' for k in sorted(set(old['recipe']) | set(new['recipe']))
+                 if old['recipe'].get(k) != new['recipe'].get(k)]
+        old.pop('recipe'); new.pop('recipe')
+    else: rdiff = []
+    return sorted(k for k in set(old) | set(new) if k not in _VOLATILE and old.get(k) != new.get(k)) + rdiff
 
 def _rank() -> int:
     import torch.distributed as dist
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 def _rng_state(learn) -> dict:
-    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    "Every random state a resumed run needs, in types `torch.load(weights_only=True)` accepts."
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    return dict(python=random.getstate(), numpy=(name, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss),
+                torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
                 dls=[dl.rng.getstate() for dl in learn.dls.loaders])
 
 def _set_rng_state(learn, s: dict):
-    random.setstate(s['python']); np.random.set_state(s['numpy']); torch.set_rng_state(s['torch'])
+    random.setstate(s['python']); torch.set_rng_state(s['torch'])
+    name, key, *rest = s['numpy']
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), *rest))
     if s['cuda'] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s['cuda'])
     for dl, st in zip(learn.dls.loaders, s['dls']): dl.rng.setstate(st)
 
-def last_checkpoint(run_dir: str | Path) -> Path | None:
-    "The newest complete `checkpoints/epoch_NNN` folder of a run, or None."
+def _plain(o):
+    "Numpy scalars and arrays inside nested containers as Python numbers and tensors (what `weights_only` loads)."
+    if isinstance(o, dict): return {k: _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)): return type(o)(_plain(v) for v in o)
+    if isinstance(o, np.generic): return o.item()
+    if isinstance(o, np.ndarray): return torch.from_numpy(o)
+    return o
+
+def _load_state(path: Path) -> dict:
+    "Read a `state.pt` without executing code (`weights_only`); numpy values of older checkpoints are allowed as data."
+    ma = getattr(np, '_core', None) or np.core
+    safe = [np.ndarray, np.dtype, ma.multiarray._reconstruct, ma.multiarray.scalar]
+    safe += [type(np.dtype(t)) for t in ('f8', 'f4', 'i8', 'i4', 'u4', 'u1', '?')]
+    with torch.serialization.safe_globals(safe):
+        return torch.load(path, map_location='cpu', weights_only=True)
+
+def checkpoints(run_dir: str | Path) -> list[Path]:
+    "The complete `checkpoints/epoch_NNN` folders of a run, oldest first."
     d = Path(run_dir) / 'checkpoints'
-    done = sorted(p for p in d.glob('epoch_[0-9][0-9][0-9]') if (p / 'state.pt').exists()) if d.exists() else []
+    return sorted(p for p in d.glob('epoch_[0-9][0-9][0-9]') if (p / 'state.pt').exists()) if d.exists() else []
+
+def last_checkpoint(run_dir: str | Path) -> Path | None:
+    "The newest complete checkpoint folder of a run, or None."
+    done = checkpoints(run_dir)
     return done[-1] if done else None
+
+def _read_metrics(path: Path) -> list[dict]:
+    "The rows of a run's metrics.csv; a torn row (missing fields) is an error naming the file."
+    if not path.exists(): return []
+    rows = list(csv.DictReader(path.open()))
+    for i, r in enumerate(rows):
+        if None in r.values() or None in r: raise ValueError(f"{path} is torn at row {i + 1}; delete it and resume=False")
+    return rows
+
+def _write_metrics(path: Path, rows: list[dict]):
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0])); w.writeheader(); w.writerows(rows)
+    write_atomic(path, buf.getvalue())
 
 class RunRecorder(Callback):
     "Write a run directory (config, per-epoch metrics CSV, checkpoints, final metrics) and resume from it."
-    order = 65                                                    # after Recorder (50) and ProgressCallback (60)
-    def __init__(self, run_dir: str | Path, config: dict, keep: int = 1):
-        self.run_dir, self.config, self.keep = Path(run_dir), config, keep
-        self.start_epoch, self._resume = 0, None
+    order = 65                                                    # after fastai's Recorder (50) and ProgressCallback (60)
+    def __init__(self, run_dir: str | Path, config: dict, keep: int = 2):
+        self.run_dir, self.config, self.keep = Path(run_dir), config, max(1, keep)
+        self.start_epoch, self._resume, self._lock = 0, None, None
 
     def clear(self):
         "Start over: delete the checkpoints, metrics and final files of an earlier run in `run_dir`."
@@ -125,48 +224,42 @@ class RunRecorder(Callback):
         for f in ('metrics.csv', 'final.json', 'model.safetensors'): (self.run_dir / f).unlink(missing_ok=True)
 
     def prepare_resume(self) -> int:
-        "Check the saved config and find the latest checkpoint; returns the first epoch still to train."
+        "Check the saved config, find the newest checkpoint that reads back whole; returns the first epoch to train."
         cfg = self.run_dir / 'config.json'
         if cfg.exists():
-            old = {k: v for k, v in json.loads(cfg.read_text()).items() if k not in _VOLATILE}
-            new = {k: v for k, v in json.loads(json.dumps(self.config)).items() if k not in _VOLATILE}
-            if old != new:
-                diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-                raise ValueError(f"{self.run_dir} holds a different run (differs in {diff}); "
-                                 "use another run_dir, or resume=False to start over")
-        ck = last_checkpoint(self.run_dir)
-        if ck is None: return 0
-        self._resume = ck
-        self.start_epoch = int(ck.name.split('_')[1]) + 1
-        return self.start_epoch
+            diff = config_diff(read_json(cfg), self.config)
+            if diff: raise ValueError(f"{self.run_dir} holds a different run (differs in {diff}); "
+                                      "use another run directory, or resume=False (--restart) to start over")
+        from safetensors.torch import load_file
+        for ck in reversed(checkpoints(self.run_dir)):               # newest first; a damaged one falls back
+            try: self._resume = (ck, load_file(str(ck / 'model.safetensors')), _load_state(ck / 'state.pt'))
+            except Exception as e:
+                warnings.warn(f"checkpoint {ck} is unreadable ({type(e).__name__}: {str(e)[:80]}); trying an older one")
+                continue
+            self.start_epoch = int(ck.name.split('_')[1]) + 1
+            return self.start_epoch
+        return 0
 
     def before_fit(self):
         self.is_main = _rank() == 0
         if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / 'config.json').write_text(json.dumps(self.config, indent=2))
-            self._trim_metrics()
+            self._lock = RunLock(self.run_dir).__enter__()
+            if not self._lock.acquired:
+                raise ValueError(f"{self.run_dir} is being trained by another process; wait for it or use another directory")
+            write_atomic(self.run_dir / 'config.json', json.dumps(self.config, indent=2))
+            p = self.run_dir / 'metrics.csv'
+            rows = _read_metrics(p)
+            keep = [r for r in rows if int(r['epoch']) < self.start_epoch]
+            if len(keep) != len(rows): _write_metrics(p, keep)
         if self._resume is not None:
-            from safetensors.torch import load_file
-            unwrap_model(self.learn.model).load_state_dict(load_file(str(self._resume / 'model.safetensors'),
-                                                                     device=str(self.dls.device)))
-            st = torch.load(self._resume / 'state.pt', map_location='cpu', weights_only=False)
+            ck, weights, st = self._resume
+            unwrap_model(self.learn.model).load_state_dict({k: v.to(self.dls.device) for k, v in weights.items()})
             self.learn.opt.load_state_dict(st['opt'])
             for name, s in st['cbs'].items(): getattr(self.learn, name).load_state_dict(s)
             _set_rng_state(self.learn, st['rng'])
             sl = self.learn.recorder.smooth_loss                     # the train_loss column is fastai's smoothed loss
             sl.val, sl.count = st['smooth_loss']
         self._old_logger, self.t_fit, self.train_time, self.train_imgs = None, time.perf_counter(), 0., 0
-
-    def _trim_metrics(self):
-        p = self.run_dir / 'metrics.csv'
-        if not p.exists(): return
-        rows = list(csv.DictReader(p.open()))
-        keep = [r for r in rows if int(r['epoch']) < self.start_epoch]
-        if len(keep) != len(rows) or not keep:
-            with p.open('w', newline='') as f:
-                if keep:
-                    w = csv.DictWriter(f, fieldnames=list(keep[0])); w.writeheader(); w.writerows(keep)
 
     def before_epoch(self):
         if self.epoch < self.start_epoch:                           # skipped by fastai's SkipToEpoch: print nothing
@@ -194,41 +287,43 @@ class RunRecorder(Callback):
                    train_img_s=round(self.epoch_img_s, 1))
         row = {k: (float(v) if isinstance(v, (float, np.floating, torch.Tensor)) else v) for k, v in row.items()}
         p = self.run_dir / 'metrics.csv'
-        new = not p.exists() or p.stat().st_size == 0
-        with p.open('a', newline='') as f:
-            w = csv.DictWriter(f, fieldnames=list(row))
-            if new: w.writeheader()
-            w.writerow(row)
+        _write_metrics(p, _read_metrics(p) + [{k: str(v) for k, v in row.items()}])
         self.save_checkpoint()
 
     def save_checkpoint(self):
-        "Write `checkpoints/epoch_NNN` atomically and drop older ones beyond `keep`."
-        d = self.run_dir / 'checkpoints'
-        final, tmp = d / f'epoch_{self.epoch:03d}', d / f'.tmp_epoch_{self.epoch:03d}'
-        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-        save_checkpoint(unwrap_model(self.learn.model), tmp / 'model.safetensors', extra=dict(epoch=self.epoch))
-        cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if isinstance(cb, RPT)}
-        sl = self.learn.recorder.smooth_loss
-        torch.save(dict(epoch=self.epoch, opt=self.learn.opt.state_dict(), rng=_rng_state(self.learn), cbs=cbs,
-                        smooth_loss=(sl.val, sl.count)), tmp / 'state.pt')
-        shutil.rmtree(final, ignore_errors=True); tmp.rename(final)
-        for old in sorted(d.glob('epoch_[0-9][0-9][0-9]'))[:-self.keep]: shutil.rmtree(old)
+        "Write `checkpoints/epoch_NNN` atomically (a unique temporary folder renamed) and keep the newest `keep`."
+        d = self.run_dir / 'checkpoints'; d.mkdir(parents=True, exist_ok=True)
+        final, tmp = d / f'epoch_{self.epoch:03d}', Path(tempfile.mkdtemp(dir=d, prefix=f'.tmp_epoch_{self.epoch:03d}_'))
+        try:
+            save_checkpoint(unwrap_model(self.learn.model), tmp / 'model.safetensors', extra=dict(epoch=self.epoch))
+            cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if isinstance(cb, RPT)}
+            sl = self.learn.recorder.smooth_loss
+            with open(tmp / 'state.pt', 'wb') as f:
+                torch.save(_plain(dict(epoch=self.epoch, opt=self.learn.opt.state_dict(), rng=_rng_state(self.learn),
+                                       cbs=cbs, smooth_loss=(sl.val, sl.count))), f)
+                f.flush(); os.fsync(f.fileno())
+            shutil.rmtree(final, ignore_errors=True); tmp.rename(final)
+        finally: shutil.rmtree(tmp, ignore_errors=True)
+        for old in checkpoints(self.run_dir)[:-self.keep]: shutil.rmtree(old)
 
     def after_fit(self):
-        if self.is_main and self.epoch + 1 >= self.n_epoch: self.write_final()
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized(): dist.barrier()   # other ranks then read final.json
+        try:
+            if self.is_main and self.epoch + 1 >= self.n_epoch: self.write_final()
+            import torch.distributed as dist
+            if dist.is_available() and dist.is_initialized(): dist.barrier()   # other ranks then read final.json
+        finally:
+            if self._lock is not None: self._lock.__exit__(); self._lock = None
 
     def write_final(self) -> dict:
         "Save the final weights and `final.json` (metrics of the last epoch, timing, hardware)."
-        rows = list(csv.DictReader((self.run_dir / 'metrics.csv').open())) if (self.run_dir / 'metrics.csv').exists() else []
+        rows = _read_metrics(self.run_dir / 'metrics.csv')
         last = rows[-1] if rows else {}
         save_checkpoint(unwrap_model(self.learn.model), self.run_dir / 'model.safetensors', extra=dict(epoch=self.n_epoch - 1))
         final = dict(epochs=self.n_epoch, accuracy=float(last.get('accuracy', 'nan')), valid_loss=float(last.get('valid_loss', 'nan')),
                      train_time_s=round(sum(float(r['time_s']) for r in rows), 2),
                      train_img_s=round(float(np.mean([float(r['train_img_s']) for r in rows])), 1) if rows else None,
                      hardware=hardware_info(self.dls.device))
-        (self.run_dir / 'final.json').write_text(json.dumps(final, indent=2))
+        write_atomic(self.run_dir / 'final.json', json.dumps(final, indent=2))
         return final
 
 # %% ../nbs/05_learner.ipynb #b540144b
@@ -267,6 +362,33 @@ class Progress(ProgressCallback):
         self.pbar.update(self.iter + 1)
         if self.iter % self.every == 0 and hasattr(self, 'smooth_loss'): self.pbar.comment = f'{self.smooth_loss.item():.4f}'
 
+CALLBACKS = {'csv': 'fastai.callback.progress:CSVLogger', 'tensorboard': 'fastai.callback.tensorboard:TensorBoardCallback',
+             'wandb': 'fastai.callback.wandb:WandbCallback', 'save_model': 'fastai.callback.tracker:SaveModelCallback',
+             'early_stopping': 'fastai.callback.tracker:EarlyStoppingCallback'}
+
+def make_callbacks(names: Sequence[str] | None) -> list[Callback]:
+    "fastai callbacks by name (`CALLBACKS`, e.g. 'wandb', 'tensorboard') or as 'module:Class', built without arguments."
+    import importlib
+    out = []
+    for name in names or []:
+        target = CALLBACKS.get(name, name)
+        if ':' not in target:
+            raise ValueError(f"unknown callback {name!r}; use one of {', '.join(CALLBACKS)} or 'module:Class'")
+        mod, cls = target.split(':', 1)
+        try: out.append(getattr(importlib.import_module(mod), cls)())
+        except ImportError as e: raise ValueError(f"callback {name!r} needs a package that is not installed ({e.name}); "
+                                                  f"pip install {e.name}") from None
+        except AttributeError: raise ValueError(f"{mod} has no callback {cls!r}") from None
+    return out
+
+class EpochLines:
+    "A fastai logger for batch jobs (no terminal): one line per epoch with the recorder's columns, flushed."
+    def __init__(self, learn: Learner): self.learn = learn
+    def __call__(self, log):
+        names = list(getattr(self.learn.recorder, 'metric_names', []))
+        fmt = lambda v: f"{v:.4f}" if isinstance(v, (float, np.floating)) else str(v)
+        print('  '.join(f"{n} {fmt(v)}" for n, v in zip(names, log)), flush=True)
+
 def _versions() -> dict:
     import fastai, pe_anchors
     return dict(pe_anchors=pe_anchors.__version__, torch=torch.__version__, timm=timm.__version__, fastai=fastai.__version__)
@@ -282,7 +404,7 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
                rpt: bool | None = None,                   # override the condition's RPT flag
                rpt_mode: str = 'batch',                   # 'batch' (paper) or 'sample'
                model_kwargs: dict | None = None,          # extra `timm.create_model` kwargs (e.g. depth=2)
-               show_progress: bool | None = None,         # None: only when interactive
+               show_progress: bool | None = None,         # progress bars; None: when interactive, else a line per epoch
                resume: bool = True,                       # continue `run_dir` (False: delete its old results)
                cbs: list | None = None,                   # extra fastai callbacks
                **recipe_overrides,                        # any `Recipe` field, e.g. epochs=3, bs=64
@@ -304,13 +426,16 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
     mkw = dict(model_kwargs or {})
     if model.startswith('pe_vit'): mkw.setdefault('style', r.model_style)      # the recipe's init and dropout sites
     net = timm.create_model(model, pe=pe, num_classes=data.c, **mkw)
+    if hasattr(net, 'pretrained_cfg'):                   # the statistics it is trained with, for timm's data config
+        net.pretrained_cfg = net.default_cfg = {**net.pretrained_cfg, 'mean': tuple(data.mean), 'std': tuple(data.std),
+                                                'input_size': (3, data.img_size, data.img_size), 'num_classes': data.c}
     if net.patch_embed.img_size[0] != data.img_size:
         raise ValueError(f"{model} expects {net.patch_embed.img_size[0]}px images but {data.name} has {data.img_size}px")
     dls = data.dls(r.bs, device=device, aug=r.aug, mixup=r.mixup, channels_last=r.channels_last and cuda)
     fused = cuda if r.fused is None else r.fused
     topt = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}[check_choice('optimizer', r.opt, ('adamw', 'adam'))]
-    groups = wd_param_groups(net)
-    opt_func = partial(OptimWrapper, opt=partial(topt, betas=tuple(r.betas), eps=r.eps, fused=fused))
+    kinds = list(param_groups(net))
+    opt_func = partial(LayerGroupOptimWrapper, opt=partial(topt, betas=tuple(r.betas), eps=r.eps, fused=fused), kinds=kinds)
     cb_list = [DDP()] + ([RPT(rpt_mode, seed=seed)] if rpt else []) + list(cbs or [])
     if r.bf16 and cuda: cb_list.append(MixedPrecision(amp_mode=AMPMode.BF16))
     if r.channels_last and cuda: cb_list.append(ChannelsLast())
@@ -320,14 +445,17 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
                   versions=_versions(), hardware=hardware_info(device), created=time.strftime('%Y-%m-%d %H:%M:%S'))
     run = RunRecorder(run_dir, config) if run_dir is not None else None   # added by `fit_recipe` for the fit only
     learn = Learner(dls, net, loss_func=SoftTargetCE(r.label_smoothing), opt_func=opt_func, lr=r.lr,
-                    splitter=wd_param_groups, wd=[r.wd, 0.][:len(groups)], wd_bn_bias=True,
+                    splitter=pe_splitter, wd=[r.wd if k in ('body', 'head') else 0. for k in kinds], wd_bn_bias=True,
                     metrics=accuracy, cbs=cb_list)
-    show_progress = _show_progress(show_progress)
+    learn.lr_mults = np.array([r.pe_lr_mult if k == 'position' else 1. for k in kinds])   # per optimiser group
+    bars = _show_progress(show_progress)
     learn.remove_cb(ProgressCallback)
-    if show_progress and rank == 0: learn.add_cb(Progress())
+    if bars and rank == 0: learn.add_cb(Progress())
+    elif show_progress is None and rank == 0 and os.environ.get('PE_ANCHORS_QUIET', '0') != '1':
+        learn.logger = EpochLines(learn)              # a batch job (Slurm, nohup): the recorder's table, line by line
     else: learn.logger = noop
     if r.compile: net.compile()
-    learn.recipe, learn.config, learn.pe_run, learn.data = r, config, run, data   # (fastai callbacks own `run`)
+    learn.recipe, learn.config, learn.pe_run = r, config, run   # (fastai callbacks own `run`)
     if run is not None and not resume: run.clear()
     learn.resume_epoch = run.prepare_resume() if (run is not None and resume) else 0
     return learn
@@ -342,13 +470,19 @@ def fit_recipe(learn: Learner,
     start, run = getattr(learn, 'resume_epoch', 0), getattr(learn, 'pe_run', None)
     final = run.run_dir / 'final.json' if run is not None else None
     t = time.perf_counter()
+    if final is not None and final.exists():
+        try: read_json(final)
+        except ValueError as e:                                     # a damaged final.json: recompute it from the run
+            warnings.warn(f"{e}; rebuilding it from the last checkpoint"); final.unlink()
     if final is not None and final.exists() and start >= n:         # finished before: load its final weights
         from safetensors.torch import load_file
         unwrap_model(learn.model).load_state_dict(load_file(str(run.run_dir / 'model.safetensors')))
     else:                     # (a fit that skips every epoch only restores the checkpoint and writes the final files)
-        learn.fit_one_cycle(n, r.lr, div=r.div, div_final=r.div_final, pct_start=r.pct_start, moms=r.moms,
+        mults = getattr(learn, 'lr_mults', None)
+        lr = r.lr if mults is None or (mults == 1).all() else r.lr * mults   # one lr, or one per optimiser group
+        learn.fit_one_cycle(n, lr, div=r.div, div_final=r.div_final, pct_start=r.pct_start, moms=r.moms,
                             start_epoch=min(start, n), cbs=[run] if run is not None else None)
-    if final is not None: return json.loads(final.read_text())
+    if final is not None: return read_json(final)
     loss, acc = learn.validate()
     return dict(epochs=n, accuracy=float(acc), valid_loss=float(loss), train_time_s=round(time.perf_counter() - t, 2),
                 hardware=hardware_info(learn.dls.device))
@@ -365,94 +499,3 @@ def train(condition: str = 'ape',
     out = fit_recipe(learn)
     out['learn'] = learn
     return out
-
-# %% ../nbs/05_learner.ipynb #43223fe8
-def _synthetic(img_size: int, n: int, num_classes: int, device) -> ImageData:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (n, 3, img_size, img_size), dtype=torch.uint8, generator=g)
-    y = torch.randint(0, num_classes, (n,), generator=g)
-    split = ImageSplit(y, images=x)
-    return ImageData('synthetic', [str(i) for i in range(num_classes)], img_size, (0.5,) * 3, (0.25,) * 3,
-                     split, ImageSplit(y[:8], images=x[:8]), 'none', spec=dict(builder='synthetic'))
-
-def _plain_loop(model: nn.Module, data: ImageData, bs: int, steps: int, warmup: int, r: Recipe, device) -> float:
-    "Images/s of a hand-written training loop over the in-memory batches (the baseline)."
-    cuda = device.type == 'cuda'
-    model.to(device).train()
-    groups = wd_param_groups(model)
-    opt = torch.optim.AdamW([dict(params=g, weight_decay=w) for g, w in zip(groups, [r.wd, 0.])], lr=r.lr,
-                            betas=tuple(r.betas), eps=r.eps, fused=cuda if r.fused is None else r.fused)
-    loss_fn = SoftTargetCE(r.label_smoothing)
-    x_all, y_all = data.train.images.to(device), data.train.labels.to(device)
-    for i in range(warmup + steps):
-        if i == warmup:
-            if cuda: torch.cuda.synchronize(device)
-            t = time.perf_counter()
-        x = data.normalize(x_all[i * bs:(i + 1) * bs])
-        if r.channels_last and cuda: x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=r.bf16 and cuda):
-            loss = loss_fn(model(x), y_all[i * bs:(i + 1) * bs])
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-    if cuda: torch.cuda.synchronize(device)
-    return steps * bs / (time.perf_counter() - t)
-
-class _Timer(Callback):
-    "Images/s of the training batches after `warmup` steps."
-    order = 100
-    def __init__(self, warmup): self.warmup = warmup
-    def before_batch(self):
-        if self.training and self.iter == self.warmup:
-            if self.dls.device.type == 'cuda': torch.cuda.synchronize(self.dls.device)
-            self.t, self.n = time.perf_counter(), 0
-    def after_batch(self):
-        if self.training and self.iter >= self.warmup: self.n += self.learn.xb[0].shape[0]
-    def after_train(self):
-        if self.dls.device.type == 'cuda': torch.cuda.synchronize(self.dls.device)
-        self.img_s = self.n / (time.perf_counter() - self.t)
-        raise CancelFitException()                               # skip validation: only training is timed
-
-def bench_train(model: str = 'pe_vit_nano_patch1_8',
-                bs: int = 64,
-                steps: int = 20,
-                warmup: int = 5,
-                pes: tuple | None = None,       # PEs for the per-PE rows (default: all of `PE_NAMES`)
-                compile: bool = False,
-                device=None,
-                model_kwargs: dict | None = None,
-                verbose: bool = True,
-               ):
-    "Training img/s: plain PyTorch loop vs the pe_anchors Learner (same model, batch, dtype, data), RPT on/off, per PE."
-    import pandas as pd
-    from pe_anchors.pos_embed import PE_NAMES
-    device = torch.device(device or ('cuda' if torch.cuda.is_available() else 'cpu'))
-    img = timm.create_model(model, **(model_kwargs or {})).patch_embed.img_size[0]
-    data = _synthetic(img, bs * (steps + warmup), 10, device)
-    r = get_recipe('fast', bs=bs, compile=compile, aug='none', label_smoothing=0.1)
-    pes = tuple(PE_NAMES) if pes is None else tuple(pes)
-    rows = []
-    def learner_img_s(pe, rpt):
-        timer = _Timer(warmup)
-        learn = pe_learner(data, 'ape', model=model, recipe=r, pe=pe, rpt=rpt, device=device, model_kwargs=model_kwargs,
-                           show_progress=False, cbs=[timer])
-        learn.fit(1, r.lr)                                          # constant lr: the schedule is not what is timed
-        return timer.img_s
-    set_seed(0)
-    net = timm.create_model(model, pe='ape', num_classes=10, **(model_kwargs or {}))
-    if compile: net.compile()
-    rows.append(dict(path='plain', pe='ape', rpt=False, img_s=_plain_loop(net, data, bs, steps, warmup, r, device)))
-    rows.append(dict(path='learner', pe='ape', rpt=False, img_s=learner_img_s('ape', False)))
-    rows.append(dict(path='learner', pe='ape', rpt=True, img_s=learner_img_s('ape', True)))
-    for pe in pes:
-        if pe != 'ape': rows.append(dict(path='learner', pe=pe, rpt=False, img_s=learner_img_s(pe, False)))
-    df = pd.DataFrame(rows)
-    plain, ape = df.img_s[0], df.img_s[1]
-    df['vs_plain'] = (df.img_s / plain).round(3)
-    df['vs_learner_ape'] = (df.img_s / ape).round(3)
-    df['img_s'] = df.img_s.round(1)
-    if verbose:
-        print(f"bench_train: {model}, bs {bs}, {steps} timed steps after {warmup} warm-up, "
-              f"{'bf16' if device.type == 'cuda' else 'fp32'}, compile={compile}")
-        print(hardware_info(device))
-        print(f"learner / plain: {ape / plain:.3f}   RPT overhead: {1 - df.img_s[2] / ape:+.1%}")
-        print(df.to_string(index=False))
-    return df

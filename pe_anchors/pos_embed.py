@@ -15,7 +15,7 @@ from timm.layers import trunc_normal_
 from .core import grid_hw, grid_coords, check_choice
 
 # %% auto #0
-__all__ = ['PE_NAMES', 'PE_LABELS', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_rotate', 'axial_frequencies',
+__all__ = ['PE_NAMES', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_rotate', 'axial_frequencies',
            'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed', 'create_pos_embed']
 
 # %% ../nbs/01_pos_embed.ipynb #a933464a
@@ -114,13 +114,14 @@ class SinCos2D(PosEmbed):
                  std: float = .02):
         super().__init__(grid_size, num_prefix_tokens)
         self.embed_dim, self.temperature = embed_dim, temperature
-        self.register_buffer('pe', sincos_2d(self.grid_size, embed_dim, temperature)[None], persistent=False)
+        self.register_buffer('grid_table', sincos_2d(self.grid_size, embed_dim, temperature)[None], persistent=False)
         self.prefix_pos = nn.Parameter(torch.zeros(1, self.num_prefix_tokens, embed_dim)) if self.num_prefix_tokens else None
         if self.prefix_pos is not None: trunc_normal_(self.prefix_pos, std=std)
 
     def table(self) -> torch.Tensor: # (1, P+N, C)
         "The (unscaled) vector added to each token: learned prefix rows, then the fixed sin-cos rows."
-        return self.pe if self.prefix_pos is None else torch.cat([self.prefix_pos, self.pe.to(self.prefix_pos.dtype)], 1)
+        t = self.grid_table                                       # (1, N, C) fixed sin-cos rows
+        return t if self.prefix_pos is None else torch.cat([self.prefix_pos, t.to(self.prefix_pos.dtype)], 1)
 
     def forward(self, x):
         self.check_tokens(x.shape[1])
@@ -247,7 +248,6 @@ class RoPEMixed(_Rotary):
 
 # %% ../nbs/01_pos_embed.ipynb #e7ee2c1b
 PE_NAMES = ('none', 'ape', 'spe', 'rope', 'rope_mixed')
-PE_LABELS = dict(none='NoPE', ape='APE', spe='SPE', rope='RoPE', rope_mixed='RoPE-Mixed')
 
 def create_pos_embed(pe: str,               # one of `PE_NAMES`
                      grid_size,             # `H` or `(H, W)`

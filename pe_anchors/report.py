@@ -5,6 +5,7 @@
 # %% ../nbs/10_report.ipynb #04a4df85
 from __future__ import annotations
 import html, json, math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -13,69 +14,37 @@ import pandas as pd
 from scipy import stats
 
 from .core import PAPER_CONDITIONS, condition_label, condition_order
-from .interventions import PAPER_SSDC, paper_curves, plot_ssdc
-from .robustness import paper_table5, plot_fragility, plot_shift_curves, summarize_fragility
-from .experiment import Experiment, gather, read_results
+from .paper import (PAPER_ALPHA, PAPER_LABEL, PAPER_RPI_RANGES, PAPER_SSDC, PAPER_TABLE5, PAPER_UNTRAINED_NOPE,
+                              paper_curves, paper_table5)
+from .results import (alpha_rows, fragility_frame, load_results, main_rows, read_results, result_row,
+                                ssdc_metric, summarize_fragility, write_results)
+from .plots import plot_fragility, plot_shift_curves, plot_ssdc
 
 # %% auto #0
-__all__ = ['PAPER_LABEL', 'PAPER_RPI_RANGES', 'PAPER_UNTRAINED_NOPE', 'PAPER_ALPHA', 'plain', 'sweep_rows', 'seed_stats',
-           'fmt_ms', 'fragility_frame', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4', 'fig5', 'fig_alpha',
-           'fig_severity', 'table5', 'table_alpha', 'verdicts', 'md_table', 'write_report']
+__all__ = ['seed_stats', 'fmt_mean_sd', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4', 'fig5', 'fig_alpha', 'fig_severity',
+           'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts', 'md_table', 'write_report']
 
 # %% ../nbs/10_report.ipynb #f43f2357
-PAPER_LABEL = 'paper, ImageNet-100, 4 seeds'
-PAPER_RPI_RANGES = {'nope': (.001, .007), 'rpt': (.008, .016)}   # RPI SSDC, reported as a range over layers
-PAPER_UNTRAINED_NOPE = (.577, .664)                              # untrained NoPE SSDC, first and last layer (Fig. 1a)
-PAPER_ALPHA = {  # inference-time PE scaling: ΔSSDC under RPI and JPEG fragility
-    'ape': dict(alpha=[1., .9, .8, .7, .6, .5, .4, .3, .2, .1],            # Tables 1 and 3, 4 seeds
-                delta_ssdc=[.4725, .3850, .3125, .1845, .0975, .0475, 0, 0, 0, 0],
-                fs_jpeg=[.4338, .4520, .4780, .5145, .5597, .5975, .6272, .6425, .6483, .6522]),
-    'spe': dict(alpha=[1., .1], delta_ssdc=[.29, .022], fs_jpeg=[.4415, .6357]),   # Table 4, 1 seed: end points
-}
+#| export
 
 # %% ../nbs/10_report.ipynb #9a0a2a58
-def plain(df: pd.DataFrame) -> pd.DataFrame:
-    "The ordinary measurements (not the α-sweep rows)."
-    return df[df['sweep'].isna()] if 'sweep' in df else df
-
-def sweep_rows(df: pd.DataFrame) -> pd.DataFrame:
-    "The α-sweep rows."
-    return df[df['sweep'] == 'alpha'] if 'sweep' in df else df.iloc[:0]
-
 def seed_stats(s: pd.Series) -> tuple[float, float, int]:
     "Mean, SD (ddof = 1; NaN for one seed) and count of the per-seed values in `s`."
     return float(s.mean()), float(s.std()) if len(s) > 1 else float('nan'), int(len(s))
 
-def fmt_ms(mean: float, sd: float, digits: int = 4) -> str:
+def fmt_mean_sd(mean: float, sd: float, digits: int = 4) -> str:
     "'m ± sd' (or 'm' when the SD is unknown, e.g. one seed)."
     if mean is None or (isinstance(mean, float) and math.isnan(mean)): return '–'
     return f"{mean:.{digits}f}" + ('' if sd is None or math.isnan(sd) else f" ± {sd:.{digits}f}")
 
-def fragility_frame(df: pd.DataFrame) -> pd.DataFrame:
-    "Shift rows of the results table in `robustness.evaluate_shifts` form (for its summaries and plots)."
-    d = plain(df)
-    d = d[(d['stage'] == 'trained') & (d['metric'].isin(['acc', 'fs']))]
-    clean = d[(d['metric'] == 'acc') & (d['shift'] == 'clean')].set_index(['condition', 'seed'])['value']
-    acc = d[(d['metric'] == 'acc') & (d['shift'] != 'clean')].set_index(['condition', 'seed', 'shift', 'severity'])['value']
-    fs = d[d['metric'] == 'fs'].set_index(['condition', 'seed', 'shift', 'severity'])['value']
-    out = pd.DataFrame(dict(acc=acc, fs=fs)).reset_index()
-    out['kind'] = out['shift']
-    out['severity'] = [s if s == 'paper' else int(s) for s in out['severity']]
-    out['shift'] = [f"{k}/{s}" if s == 'paper' else f"{k}/s{s}" for k, s in zip(out['kind'], out['severity'])]
-    out['level'] = np.nan
-    out['acc_clean'] = [clean.get((c, s), np.nan) for c, s in zip(out['condition'], out['seed'])]
-    return out[['condition', 'seed', 'shift', 'kind', 'severity', 'level', 'acc', 'acc_clean', 'fs']]
-
 # %% ../nbs/10_report.ipynb #dc757438
 def synthetic_results(seeds: Sequence[int] = (0, 1), depth: int = 12, seed: int = 0) -> pd.DataFrame:
     "A results table shaped like a finished 5-condition experiment, with values following the paper's numbers + noise."
-    from pe_anchors.core import result_row
-    from pe_anchors.robustness import _TABLE5
     rng = np.random.default_rng(seed)
     rows, noise = [], lambda s=.01: float(rng.normal(0, s))
     for sd in seeds:
         for c in PAPER_CONDITIONS:
-            meta = dict(dataset='synthetic', condition=c, seed=sd, stage='trained')
+            meta = dict(experiment='synthetic', dataset='synthetic', condition=c, seed=sd, stage='trained')
             normal = PAPER_SSDC['normal'].get(c, PAPER_SSDC['normal']['ape'])
             rpi = PAPER_SSDC['rpi'].get(c, [0.] * 12)
             for layer in range(depth):
@@ -84,13 +53,13 @@ def synthetic_results(seeds: Sequence[int] = (0, 1), depth: int = 12, seed: int 
                 rows.append(result_row(metric='ssdc', mode='normal', layer=layer, **{**meta, 'stage': 'untrained'},
                                        value=.577 + (.664 - .577) * layer / (depth - 1) + noise()))
             rows.append(result_row(metric='delta_ssdc', mode='rpi', value=rpi[1] - rpi[0] + noise(), **meta))
-            (acc, _), (fj, _), (fb, _) = _TABLE5[c]
+            (acc, _), (fj, _), (fb, _) = PAPER_TABLE5[c]
             a = acc + noise(.005)
-            rows.append(result_row(metric='acc', shift='clean', value=a, **meta))
+            rows.append({**result_row(metric='acc', shift='clean', value=a, **meta), 'n_images': 5000})
             for kind, f in (('jpeg', fj), ('blur', fb)):
                 f = f + noise()
-                rows.append(result_row(metric='acc', shift=kind, severity='paper', value=a * (1 - f), **meta))
-                rows.append(result_row(metric='fs', shift=kind, severity='paper', value=f, **meta))
+                rows.append({**result_row(metric='acc', shift=kind, severity='paper', value=a * (1 - f), **meta), 'n_images': 5000})
+                rows.append({**result_row(metric='fs', shift=kind, severity='paper', value=f, **meta), 'n_images': 5000})
             if c in PAPER_ALPHA:
                 p = PAPER_ALPHA[c]
                 for al, ds, fj in zip(p['alpha'], p['delta_ssdc'], p['fs_jpeg']):
@@ -106,12 +75,12 @@ def _axes(n: int, width: float = 5., height: float = 3.6):
     return fig, list(axs[0])
 
 def _subset(df, conditions=None, stage='trained'):
-    d = plain(df)
+    d = main_rows(df)
     if conditions is not None: d = d[d['condition'].isin(conditions)]
     return d[d['stage'].isin([stage] if isinstance(stage, str) else stage)]
 
 def _has(df, **kw) -> bool:
-    d = plain(df)
+    d = main_rows(df)
     for k, v in kw.items(): d = d[d[k].isin(v if isinstance(v, (list, tuple)) else [v])]
     return not d.empty
 
@@ -188,7 +157,7 @@ def fig5(df: pd.DataFrame):
 def fig_alpha(df: pd.DataFrame):
     "Tables 1/3/4 as curves: ΔSSDC under RPI and JPEG fragility against α (mean ± 1 SD), with the paper's."
     fig, (a, b) = _axes(2)
-    s = sweep_rows(df)
+    s = alpha_rows(df)
     for c in condition_order(s['condition']):
         d = s[s['condition'] == c]
         for ax, metric, key in ((a, 'delta_ssdc', 'delta_ssdc'), (b, 'fs', 'fs_jpeg')):
@@ -220,113 +189,192 @@ def table5(df: pd.DataFrame) -> pd.DataFrame:
     for c in condition_order(fr['condition']):
         d = fr[fr['condition'] == c]
         clean = d.drop_duplicates('seed')['acc_clean']
-        row = {'condition': condition_label(c), 'seeds': d['seed'].nunique(), 'clean acc': fmt_ms(*seed_stats(clean)[:2])}
+        row = {'condition': condition_label(c), 'seeds': d['seed'].nunique(), 'clean acc': fmt_mean_sd(*seed_stats(clean)[:2])}
         for kind, name in (('jpeg', 'JPEG FS'), ('blur', 'blur FS')):
-            row[name] = fmt_ms(*seed_stats(d[d['kind'] == kind]['fs'])[:2])
+            row[name] = fmt_mean_sd(*seed_stats(d[d['kind'] == kind]['fs'])[:2])
         if (c, 'jpeg') in paper.index:
             p = paper.loc[(c, 'jpeg')]
-            row['paper clean acc'] = fmt_ms(p['acc_clean_mean'], p['acc_clean_sd'])
+            row['paper clean acc'] = fmt_mean_sd(p['acc_clean_mean'], p['acc_clean_sd'])
             for kind, name in (('jpeg', 'paper JPEG FS'), ('blur', 'paper blur FS')):
-                q = paper.loc[(c, kind)]; row[name] = fmt_ms(q['fs_mean'], q['fs_sd'])
+                q = paper.loc[(c, kind)]; row[name] = fmt_mean_sd(q['fs_mean'], q['fs_sd'])
         rows.append(row)
     return pd.DataFrame(rows).fillna('–')
 
 def table_alpha(df: pd.DataFrame, condition: str = 'ape') -> pd.DataFrame:
     "Tables 1/3 (APE) and 4 (SPE): ΔSSDC under RPI and JPEG FS per α, mean ± SD over seeds, beside the paper's."
-    s = sweep_rows(df)
+    s = alpha_rows(df)
     s = s[s['condition'] == condition]
     p = PAPER_ALPHA.get(condition, {})
     pd_, pf = dict(zip(p.get('alpha', []), p.get('delta_ssdc', []))), dict(zip(p.get('alpha', []), p.get('fs_jpeg', [])))
     rows = []
     for a in sorted(s['alpha'].unique(), reverse=True):
         d = s[s['alpha'] == a]
-        rows.append({'α': f"{a:.1f}", 'ΔSSDC (RPI)': fmt_ms(*seed_stats(d[d['metric'] == 'delta_ssdc']['value'])[:2]),
-                     'JPEG FS': fmt_ms(*seed_stats(d[d['metric'] == 'fs']['value'])[:2]),
-                     'paper ΔSSDC': fmt_ms(pd_.get(a, float('nan')), None), 'paper FS': fmt_ms(pf.get(a, float('nan')), None)})
+        rows.append({'α': f"{a:.1f}", 'ΔSSDC (RPI)': fmt_mean_sd(*seed_stats(d[d['metric'] == 'delta_ssdc']['value'])[:2]),
+                     'JPEG FS': fmt_mean_sd(*seed_stats(d[d['metric'] == 'fs']['value'])[:2]),
+                     'paper ΔSSDC': fmt_mean_sd(pd_.get(a, float('nan')), None), 'paper FS': fmt_mean_sd(pf.get(a, float('nan')), None)})
     return pd.DataFrame(rows)
 
 # %% ../nbs/10_report.ipynb #3e5db859
+def _rpi_mode(df) -> str:
+    "The RPI mode of a results table: 'rpi' (the paper's) when present, else 'rpi_image'."
+    modes = set(main_rows(df)['mode'])
+    return 'rpi' if 'rpi' in modes or 'rpi_image' not in modes else 'rpi_image'
+
 def _curve(df, condition, mode='normal', stage='trained') -> pd.Series:
-    d = plain(df)
-    d = d[(d['metric'] == 'ssdc') & (d['condition'] == condition) & (d['mode'] == mode) & (d['stage'] == stage)]
+    d = main_rows(df)
+    d = d[(d['metric'] == ssdc_metric(mode)) & (d['condition'] == condition) & (d['mode'] == mode) & (d['stage'] == stage)]
     return d.groupby('layer')['value'].mean()
 
-def _fs(df, condition, kind='jpeg') -> float:
-    fr = fragility_frame(df)
-    return float(fr[(fr['condition'] == condition) & (fr['kind'] == kind) & (fr['severity'] == 'paper')]['fs'].mean())
-
-def _acc(df, condition) -> float:
-    d = plain(df)
-    return float(d[(d['metric'] == 'acc') & (d['shift'] == 'clean') & (d['condition'] == condition) &
-                   (d['stage'] == 'trained')]['value'].mean())
-
 def _sweep(df, condition, metric) -> pd.Series:
-    s = sweep_rows(df)
+    s = alpha_rows(df)
     return s[(s['condition'] == condition) & (s['metric'] == metric)].groupby('alpha')['value'].mean()
 
-def _v(ok) -> str: return 'yes' if ok else 'no'
-def _r(x) -> str: return 'nan' if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+@dataclass
+class Measure:
+    "A measured quantity: mean over seeds, its spread (SD over seeds, or one run's standard error), seed count."
+    mean: float
+    spread: float      # SD over seeds when n_seeds > 1, else the single run's standard error (NaN: unknown)
+    n_seeds: int
+    def __str__(self) -> str:
+        return _fmt3(self.mean) + ('' if math.isnan(self.spread) else f" ± {self.spread:.3f}")
+
+def _binomial_se(acc: float, n: float) -> float:
+    return math.sqrt(acc * (1 - acc) / n) if n > 0 and not math.isnan(n) else float('nan')
+
+def _first(d: pd.DataFrame, col: str) -> float:
+    return float(d[col].iloc[0]) if col in d and len(d) else float('nan')
+
+def _fs_measure(df, condition, kind='jpeg', alpha=None) -> Measure:
+    "JPEG/blur fragility at the paper's severity: mean ± SD over seeds, or one seed's binomial standard error."
+    d = alpha_rows(df) if alpha is not None else main_rows(df)
+    d = d[(d['stage'] == 'trained') & (d['condition'] == condition)]
+    if alpha is not None: d = d[d['alpha'] == alpha]
+    fs = d[(d['metric'] == 'fs') & (d['shift'] == kind) & (d['severity'] == 'paper')]['value']
+    if fs.empty: raise KeyError(f'fs {condition}')
+    if len(fs) > 1: return Measure(float(fs.mean()), float(fs.std()), len(fs))
+    acc = d[d['metric'] == 'acc']
+    shifted, clean = acc[(acc['shift'] == kind) & (acc['severity'] == 'paper')], acc[acc['shift'] == 'clean']
+    As, Ac, n = _first(shifted, 'value'), _first(clean, 'value'), _first(clean, 'n_images')
+    se = (math.sqrt(_binomial_se(As, n) ** 2 / Ac ** 2 + As ** 2 * _binomial_se(Ac, n) ** 2 / Ac ** 4)  # delta method,
+          if Ac > 0 else float('nan'))                                              # covariance left out (wider)
+    return Measure(float(fs.iloc[0]), se, 1)
+
+def _acc_measure(df, condition) -> Measure:
+    "Clean accuracy: mean ± SD over seeds, or one seed's binomial standard error."
+    d = main_rows(df)
+    d = d[(d['metric'] == 'acc') & (d['shift'] == 'clean') & (d['condition'] == condition) & (d['stage'] == 'trained')]
+    if d.empty: raise KeyError(f'acc {condition}')
+    if len(d) > 1: return Measure(float(d['value'].mean()), float(d['value'].std()), len(d))
+    return Measure(_first(d, 'value'), _binomial_se(_first(d, 'value'), _first(d, 'n_images')), 1)
+
+def _delta_measure(df, condition, mode='rpi', alpha=None) -> Measure:
+    "ΔSSDC under RPI: mean ± SD over seeds, or one seed's standard error over its permutation draws."
+    d = alpha_rows(df) if alpha is not None else main_rows(df)
+    d = d[(d['metric'] == 'delta_ssdc') & (d['condition'] == condition) & (d['mode'] == mode) & (d['stage'] == 'trained')]
+    if alpha is not None: d = d[d['alpha'] == alpha]
+    if d.empty: raise KeyError(f'delta {condition}')
+    if len(d) > 1: return Measure(float(d['value'].mean()), float(d['value'].std()), len(d))
+    k = _first(d, 'n_perms')
+    return Measure(_first(d, 'value'), _first(d, 'sd') / math.sqrt(k) if k > 0 else float('nan'), 1)
+
+def _order(a: Measure, b: Measure) -> int:
+    "+1 when `a` is clearly above `b`, -1 when clearly below, 0 within noise (seeds: mean ± SD separated; one seed: 2 SE)."
+    if a.n_seeds > 1 and b.n_seeds > 1:
+        if a.mean - a.spread > b.mean + b.spread: return 1
+        return -1 if a.mean + a.spread < b.mean - b.spread else 0
+    noise = 2 * math.sqrt(np.nansum([a.spread ** 2, b.spread ** 2]))
+    return 1 if a.mean - b.mean > noise else -1 if b.mean - a.mean > noise else 0
+
+def _above_noise(m: Measure) -> bool:
+    "A fragility that the shift clearly causes (more than twice its noise above 0)."
+    return m.mean > (2 * m.spread if not math.isnan(m.spread) else 0.)
+
+def _yes_no(ok) -> str: return 'yes' if ok else 'no'
+def _fmt3(x) -> str: return 'nan' if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+_WORD = {1: 'yes', -1: 'no', 0: 'inconclusive'}
+
+class NotTestable(Exception):
+    "A claim whose precondition does not hold on this run (e.g. an α sweep of an APE that never anchored)."
 
 def _claims() -> list[tuple[str, str, Callable]]:
-    "(claim, paper evidence, check(df) -> (verdict, our evidence)); each check raises KeyError/ValueError when n/a."
+    "(claim, paper evidence, check(df) -> (verdict, our evidence)); checks raise KeyError when n/a, NotTestable when moot."
     def near_zero(cond, tol):
         def f(df):
-            c = _curve(df, cond, 'rpi')
+            c = _curve(df, cond, _rpi_mode(df))
             if c.empty: raise KeyError(cond)
-            return _v(c.abs().max() <= tol), f"max |RPI SSDC| over layers = {_r(c.abs().max())} (tolerance {tol})"
+            return _yes_no(c.abs().max() <= tol), f"max |RPI SSDC| over layers = {_fmt3(c.abs().max())} (tolerance {tol})"
         return f
     def ape_anchor(df):
-        c = _curve(df, 'ape', 'rpi')
+        c = _curve(df, 'ape', _rpi_mode(df))
         if len(c) < 2: raise KeyError('ape')
         d = c.iloc[1] - c.iloc[0]
-        return _v(abs(c.iloc[0]) <= .05 and d > .1), f"RPI SSDC layer 0 = {_r(c.iloc[0])}, ΔSSDC = {_r(d)} (|l0| ≤ 0.05, Δ > 0.1)"
+        return _yes_no(abs(c.iloc[0]) <= .05 and d > .1), f"RPI SSDC layer 0 = {_fmt3(c.iloc[0])}, ΔSSDC = {_fmt3(d)} (|l0| ≤ 0.05, Δ > 0.1)"
     def spe_input(df):
-        c = _curve(df, 'spe', 'rpi')
+        c = _curve(df, 'spe', _rpi_mode(df))
         if c.empty: raise KeyError('spe')
-        return _v(c.iloc[0] > .05), f"RPI SSDC layer 0 = {_r(c.iloc[0])} (> 0.05)"
+        return _yes_no(c.iloc[0] > .05), f"RPI SSDC layer 0 = {_fmt3(c.iloc[0])} (> 0.05)"
     def rope_gradual(df):
-        c = _curve(df, 'rope', 'rpi')
+        c = _curve(df, 'rope', _rpi_mode(df))
         if len(c) < 3: raise KeyError('rope')
         early, last = c.iloc[:2].abs().max(), c.iloc[-1]
-        return _v(early <= .05 and last > early + .05), \
-            f"max |RPI SSDC| layers 0-1 = {_r(early)}, last layer = {_r(last)} (early ≤ 0.05, last > early + 0.05)"
+        return _yes_no(early <= .05 and last > early + .05), \
+            f"max |RPI SSDC| layers 0-1 = {_fmt3(early)}, last layer = {_fmt3(last)} (early ≤ 0.05, last > early + 0.05)"
     def static_prior(df):
         c = _curve(df, 'nope', 'normal', 'untrained')
         if c.empty: raise KeyError('nope untrained')
-        return _v(c.min() > .1), f"untrained NoPE SSDC min over layers = {_r(c.min())} (> 0.1)"
+        return _yes_no(c.min() > .1), f"untrained NoPE SSDC min over layers = {_fmt3(c.min())} (> 0.1)"
     def unpermuted_uninformative(df):
         c = _curve(df, 'nope', 'normal')
         if c.empty: raise KeyError('nope')
-        return _v(c.iloc[-1] > .3), f"trained NoPE unpermuted SSDC, last layer = {_r(c.iloc[-1])} (> 0.3)"
+        return _yes_no(c.iloc[-1] > .3), f"trained NoPE unpermuted SSDC, last layer = {_fmt3(c.iloc[-1])} (> 0.3)"
+    def fragile(df, *conds):
+        ms = {c: _fs_measure(df, c) for c in conds}
+        quiet = [c for c, m in ms.items() if not _above_noise(m)]
+        if quiet: raise NotTestable(f"JPEG FS of {', '.join(condition_label(c) for c in quiet)} is within noise of 0 "
+                                    f"({', '.join(str(ms[c]) for c in quiet)})")
+        return ms
     def nope_fragile(df):
-        a, n = _fs(df, 'ape'), _fs(df, 'nope')
-        if math.isnan(a) or math.isnan(n): raise KeyError('fs')
-        return _v(n > a), f"JPEG FS NoPE = {_r(n)}, APE = {_r(a)}"
+        m = fragile(df, 'nope', 'ape')
+        return _WORD[_order(m['nope'], m['ape'])], f"JPEG FS NoPE = {m['nope']}, APE = {m['ape']}"
     def rope_robust(df):
-        r, a, s = _fs(df, 'rope'), _fs(df, 'ape'), _fs(df, 'spe')
-        if any(math.isnan(v) for v in (r, a, s)): raise KeyError('fs')
-        return _v(r < a and r < s), f"JPEG FS RoPE = {_r(r)}, APE = {_r(a)}, SPE = {_r(s)}"
+        m = fragile(df, 'rope', 'ape', 'spe')
+        o = [_order(m['ape'], m['rope']), _order(m['spe'], m['rope'])]
+        return _WORD[1 if all(v == 1 for v in o) else -1 if -1 in o else 0], \
+            f"JPEG FS RoPE = {m['rope']}, APE = {m['ape']}, SPE = {m['spe']}"
     def rpt_like_nope(df):
-        t, n, a = _fs(df, 'rpt'), _fs(df, 'nope'), _fs(df, 'ape')
-        if any(math.isnan(v) for v in (t, n, a)): raise KeyError('fs')
-        return _v(abs(t - n) < abs(t - a)), f"JPEG FS RPT = {_r(t)}, NoPE = {_r(n)}, APE = {_r(a)}"
+        m = fragile(df, 'rpt', 'nope', 'ape')
+        t, n, a = m['rpt'], m['nope'], m['ape']
+        gap = abs(t.mean - a.mean) - abs(t.mean - n.mean)
+        noise = 2 * math.sqrt(np.nansum([x.spread ** 2 for x in (t, n, a)]))
+        return _WORD[1 if gap > noise else -1 if gap < -noise else 0], f"JPEG FS RPT = {t}, NoPE = {n}, APE = {a}"
     def pe_helps(df):
-        n = _acc(df, 'nope'); others = {c: _acc(df, c) for c in ('ape', 'spe', 'rope')}
-        if math.isnan(n) or any(math.isnan(v) for v in others.values()): raise KeyError('acc')
-        return _v(all(v > n for v in others.values())), \
-            "clean acc " + ", ".join(f"{condition_label(c)} {_r(v)}" for c, v in others.items()) + f", NoPE {_r(n)}"
+        n = _acc_measure(df, 'nope'); others = {c: _acc_measure(df, c) for c in ('ape', 'spe', 'rope')}
+        o = [_order(v, n) for v in others.values()]
+        return _WORD[1 if all(v == 1 for v in o) else -1 if -1 in o else 0], \
+            "clean acc " + ", ".join(f"{condition_label(c)} {v}" for c, v in others.items()) + f", NoPE {n}"
+    def anchored_at_one(df):
+        d1 = _delta_measure(df, 'ape', _rpi_mode(df), alpha=1.)
+        if d1.mean < .1 or _order(d1, Measure(0., 0., d1.n_seeds)) != 1:
+            raise NotTestable(f"the APE is not anchored at α = 1 (ΔSSDC {d1}; needs ≥ 0.1 above noise): "
+                              "there is no anchoring to scale away")
     def alpha_delta(df):
         s = _sweep(df, 'ape', 'delta_ssdc')
         if len(s) < 3: raise KeyError('alpha')
+        anchored_at_one(df)
         rho = stats.spearmanr(s.index, s.values).statistic
         low = s[s.index <= .4]
-        return _v(rho > .8 and (low.empty or low.abs().max() <= .05)), \
-            f"Spearman(α, ΔSSDC) = {_r(rho)}, max |ΔSSDC| at α ≤ 0.4 = {_r(low.abs().max() if len(low) else float('nan'))} (ρ > 0.8, ≤ 0.05)"
+        return _yes_no(rho > .8 and (low.empty or low.abs().max() <= .05)), \
+            f"Spearman(α, ΔSSDC) = {_fmt3(rho)}, max |ΔSSDC| at α ≤ 0.4 = {_fmt3(low.abs().max() if len(low) else float('nan'))} (ρ > 0.8, ≤ 0.05)"
     def alpha_fs(df):
         s = _sweep(df, 'ape', 'fs')
         if len(s) < 3: raise KeyError('alpha')
+        anchored_at_one(df)
+        a_hi, a_lo = float(s.index.max()), float(s.index.min())
+        top, bottom = _fs_measure(df, 'ape', alpha=a_hi), _fs_measure(df, 'ape', alpha=a_lo)
+        if _order(bottom, top) == 0:
+            raise NotTestable(f"JPEG FS moves within noise over the sweep ({top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f})")
         rho = stats.spearmanr(s.index, s.values).statistic
-        return _v(rho < -.8), f"Spearman(α, JPEG FS) = {_r(rho)} (< −0.8); FS {_r(s.iloc[-1])} at α = {s.index[-1]:.1f}, {_r(s.iloc[0])} at α = {s.index[0]:.1f}"
+        return _yes_no(rho < -.8), f"Spearman(α, JPEG FS) = {_fmt3(rho)} (< −0.8); FS {top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f}"
     return [
         ("Without a PE, spatial structure is content-derived: NoPE's SSDC under RPI is ≈ 0 at every layer.",
          "NoPE RPI SSDC .001–.007", near_zero('nope', .03)),
@@ -357,10 +405,11 @@ def _claims() -> list[tuple[str, str, Callable]]:
     ]
 
 def verdicts(df: pd.DataFrame) -> pd.DataFrame:
-    "One row per claim of the paper: the claim, the paper's evidence, ours, and the verdict (yes / no / n/a)."
+    "One row per claim: the claim, the paper's evidence, ours, and the verdict (yes / no / inconclusive / not testable / n/a)."
     rows = []
     for claim, paper, check in _claims():
         try: verdict, ours = check(df)
+        except NotTestable as e: verdict, ours = 'not testable', str(e)
         except (KeyError, ValueError, IndexError): verdict, ours = 'n/a', 'not measured in this experiment'
         rows.append(dict(claim=claim, paper=paper, ours=ours, verdict=verdict))
     return pd.DataFrame(rows)
@@ -406,7 +455,7 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
     else:
         p = Path(results)
         if p.is_dir():
-            df = gather(p)
+            df = load_results(p)                                   # read-only: the report never writes the runs
             if (p / 'experiment.json').exists(): exp = json.loads((p / 'experiment.json').read_text())
             runs = [json.loads(f.read_text()) for f in sorted((p / 'runs').glob('*/run.json'))]
             if dest is None: dest = p / 'report'
@@ -418,9 +467,16 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
     b = [('h1', f"pe_anchors report: {name}")]
     seeds = sorted(int(s) for s in df['seed'].unique())
     setting = f"{len(condition_order(df['condition']))} conditions × {len(seeds)} seed(s) {seeds}"
-    if exp: setting += (f"; data {exp['data']} {exp.get('data_kwargs') or ''}, model {exp['model'] or 'default for the image size'}, "
-                        f"recipe {exp['recipe']} {exp['train_kwargs']}; SSDC over {exp['ssdc_images']} images, "
-                        f"RPI averaged over {exp['n_perms']} permutation draws ({exp['rpi_mode']})")
+    if exp:
+        where = Path(str((exp.get('data_kwargs') or {}).get('path', ''))).name   # the file or folder name, not the machine path
+        setting += (f"; data {exp['data']}{f' ({where})' if where else ''}, model {exp['model'] or 'default for the image size'}, "
+                    f"recipe {exp['recipe']} {exp['train_kwargs']}; SSDC over {exp['ssdc_images']} images, "
+                    f"RPI averaged over {exp['n_perms']} permutation draws ({exp['rpi_mode']})")
+    sample = Path(results) / 'ssdc_sample.json' if not isinstance(results, pd.DataFrame) else None
+    if sample is not None and sample.exists():
+        s = json.loads(sample.read_text())
+        setting += (f"; the SSDC images are a class-stratified sample (seed {s['seed']}, {min(s['per_class'])}–"
+                    f"{max(s['per_class'])} per class, indices sha1 {s['sha1'][:12]}), the same for every run")
     b.append(('p', f"Setting: {setting}."))
     if runs:
         hw = sorted({r['hardware'] for r in runs})
@@ -441,10 +497,10 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
         shifts = json.loads((Path(results) / 'shifts.json').read_text())
         b.append(('p', 'Shifts at this resolution: ' + '; '.join(f"{k}: {v}" for k, v in shifts.items()) + '.'))
     for c, label in (('ape', 'Tables 1 and 3: α sweep, APE'), ('spe', 'Table 4: α sweep, SPE')):
-        if not sweep_rows(df)[lambda d: d['condition'] == c].empty: b += [('h2', label), ('table', table_alpha(df, c))]
+        if not alpha_rows(df)[lambda d: d['condition'] == c].empty: b += [('h2', label), ('table', table_alpha(df, c))]
     for heading, fname, fn, need in figs:
         if _has(df, **need): b += [('h2', heading), ('img', _save(fn(df), dest / 'figures', fname))]
-    if not sweep_rows(df).empty: b += [('h2', 'α sweep'), ('img', _save(fig_alpha(df), dest / 'figures', 'fig_alpha'))]
+    if not alpha_rows(df).empty: b += [('h2', 'α sweep'), ('img', _save(fig_alpha(df), dest / 'figures', 'fig_alpha'))]
     if (df['severity'].astype(str).isin([str(i) for i in range(1, 6)])).any():
         b += [('h2', 'ImageNet-C severities'), ('img', _save(fig_severity(df), dest / 'figures', 'fig_severity'))]
     md, page = _render(b)

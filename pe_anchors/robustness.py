@@ -18,6 +18,7 @@ from torch import nn
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from .core import check_choice, condition_label, condition_order, grid_hw, hardware_info, image_rng, pbar
+from .results import fragility
 from .vit import IMAGENET_MEAN, IMAGENET_STD, image_perms
 
 # %% auto #0
@@ -25,8 +26,7 @@ __all__ = ['BLUR_PADDINGS', 'BLUR_ROUNDINGS', 'SHIFT_KINDS', 'SEVERITIES', 'SHUF
            'jpeg_roundtrip', 'psnr', 'JPEG', 'gaussian_kernel1d', 'blur_matrix', 'blur_images', 'GaussianBlur',
            'to_blocks', 'from_blocks', 'BlockShuffle', 'channel_mean', 'PatchMask', 'make_shift', 'paper_shifts',
            'imagenet_c_shifts', 'structure_shifts', 'make_normalize', 'evaluate_accuracy', 'TensorBatches', 'cache_key',
-           'cache_path', 'shifted_set', 'fragility', 'evaluate_shifts', 'summarize_fragility', 'paper_table5',
-           'plot_fragility', 'plot_shift_curves', 'show_shifts', 'bench_shifts']
+           'cache_path', 'shifted_set', 'evaluate_shifts', 'show_shifts']
 
 # %% ../nbs/08_robustness.ipynb #7ecb022b
 def _check_images(x: torch.Tensor, name: str = 'images') -> torch.Tensor:
@@ -521,10 +521,6 @@ def _chain(first, it):
     for b in it: yield _split(b)
 
 # %% ../nbs/08_robustness.ipynb #b63f1c0f
-def fragility(acc_shift, acc_clean):
-    "Fragility score FS = 1 - A_shift / A_clean (elementwise on numbers, arrays, Series or tensors)."
-    return 1 - acc_shift / acc_clean
-
 def _model_items(models) -> list[tuple[str, int, nn.Module]]:
     if isinstance(models, nn.Module): models = {'model': models}
     out = []
@@ -565,79 +561,7 @@ def evaluate_shifts(models: Mapping | nn.Module,             # {(condition, seed
     df['fs'] = fragility(df['acc'], df['acc_clean'])
     return df[['condition', 'seed', 'shift', 'kind', 'severity', 'level', 'acc', 'acc_clean', 'fs', 'n', 'description']]
 
-def summarize_fragility(df: pd.DataFrame) -> pd.DataFrame:
-    "Mean and SD (ddof=1) over seeds of accuracy, clean accuracy and FS, per condition and shift."
-    keys = ['condition', 'shift', 'kind', 'severity', 'level']
-    g = df.groupby(keys, sort=False, dropna=False)
-    out = g.agg(n_seeds=('seed', 'nunique'), acc_clean_mean=('acc_clean', 'mean'), acc_clean_sd=('acc_clean', 'std'),
-                acc_mean=('acc', 'mean'), acc_sd=('acc', 'std'), fs_mean=('fs', 'mean'), fs_sd=('fs', 'std'))
-    return out.reset_index()
-
-# %% ../nbs/08_robustness.ipynb #e3da82ed
-_TABLE5 = {  # condition: (clean acc mean, sd), (JPEG FS mean, sd), (blur FS mean, sd); Mannes 2026 Table 5, 4 seeds
-    'ape':  ((.6406, .0018), (.4347, .0132), (.1842, .0141)),
-    'spe':  ((.6568, .0069), (.4351, .0086), (.2082, .0054)),
-    'rope': ((.6901, .0042), (.2988, .0065), (.1474, .0131)),
-    'nope': ((.5682, .0056), (.6458, .0119), (.2984, .0085)),
-    'rpt':  ((.5595, .0054), (.6297, .0038), (.2427, .0123)),
-}
-
-def paper_table5() -> pd.DataFrame:
-    "Mannes 2026 Table 5 (clean accuracy and JPEG/blur FS, mean ± SD over 4 seeds) in `summarize_fragility` format."
-    rows = []
-    for cond, (acc, jpeg, blur) in _TABLE5.items():
-        for shift, (fs, lvl) in zip(paper_shifts(), ((jpeg, 5.), (blur, 2.5))):
-            rows.append(dict(condition=cond, shift=shift.name, kind=shift.kind, severity='paper', level=lvl, n_seeds=4,
-                             acc_clean_mean=acc[0], acc_clean_sd=acc[1], acc_mean=acc[0] * (1 - fs[0]), acc_sd=np.nan,
-                             fs_mean=fs[0], fs_sd=fs[1]))
-    return pd.DataFrame(rows)
-
 # %% ../nbs/08_robustness.ipynb #0669551a
-def plot_fragility(summary: pd.DataFrame,              # from `summarize_fragility` (or `paper_table5()`)
-                   shifts: Sequence[str] | None = None, # shift names, one panel each (default: all paper shifts)
-                   ax=None, title: str | None = None):
-    "Paper-style point plot: mean FS ± 1 SD per condition (x axis), one panel per shift."
-    import matplotlib.pyplot as plt
-    if shifts is None:
-        shifts = [s for s in dict.fromkeys(summary['shift']) if s.endswith('/paper')] or \
-                 [s for s in dict.fromkeys(summary['shift']) if s != 'clean']
-    axes = np.atleast_1d(ax) if ax is not None else plt.subplots(1, len(shifts), figsize=(3.6 * len(shifts), 3.2),
-                                                                 squeeze=False)[1][0]
-    for a, name in zip(axes, shifts):
-        d = summary[summary['shift'] == name].set_index('condition')
-        conds = condition_order(d.index)
-        a.errorbar(range(len(conds)), d.loc[conds, 'fs_mean'], yerr=d.loc[conds, 'fs_sd'].fillna(0), fmt='o',
-                   capsize=4, color='k', ms=6)
-        a.set_xticks(range(len(conds)), [condition_label(c) for c in conds])
-        a.set_xlim(-.5, len(conds) - .5); a.set_ylabel('Fragility score'); a.grid(axis='y', alpha=.3)
-        a.set_title(name if title is None else title)
-    if ax is None: axes[0].figure.tight_layout()
-    return axes[0].figure
-
-_X_LABELS = {'jpeg': 'ImageNet-C severity (JPEG)', 'blur': 'ImageNet-C severity (blur)', 'shuffle': 'Block grid g',
-             'mask': 'Masked fraction'}
-
-def plot_shift_curves(summary: pd.DataFrame, kind: str,
-                      metric: str = 'fs',    # 'fs' or 'acc'
-                      ax=None):
-    "Mean ± 1 SD of FS or accuracy against severity (jpeg/blur) or level (shuffle/mask), one line per condition."
-    import matplotlib.pyplot as plt
-    check_choice('metric', metric, ('fs', 'acc'))
-    d = summary[summary['kind'] == check_choice('kind', kind, _X_LABELS)]
-    if kind in SHIFT_KINDS: d = d[d['severity'].apply(lambda s: isinstance(s, (int, np.integer)))]
-    x = 'severity' if kind in SHIFT_KINDS else 'level'
-    if ax is None: ax = plt.subplots(figsize=(4.5, 3.2))[1]
-    for cond in condition_order(d['condition']):
-        c = d[d['condition'] == cond].sort_values(x)
-        ax.errorbar(c[x].astype(float), c[f'{metric}_mean'], yerr=c[f'{metric}_sd'].fillna(0), marker='o', capsize=3,
-                    label=condition_label(cond))
-    if kind == 'shuffle': ax.set_xscale('log', base=2)
-    xs = sorted(d[x].astype(float).unique())
-    ax.set_xticks(xs, [_fmt(v) for v in xs])
-    ax.set_xlabel(_X_LABELS[kind]); ax.set_ylabel('Fragility score' if metric == 'fs' else 'Top-1 accuracy')
-    ax.grid(alpha=.3); ax.legend(fontsize=8)
-    return ax.figure
-
 def show_shifts(images: torch.Tensor,        # uint8 (n, C, H, W)
                 shifts: Sequence[Shift],
                 ncols: int | None = None):
@@ -653,60 +577,3 @@ def show_shifts(images: torch.Tensor,        # uint8 (n, C, H, W)
         ax_row[0].set_ylabel(name, rotation=0, ha='right', va='center', fontsize=8)
     fig.subplots_adjust(wspace=.05, hspace=.05)
     return fig
-
-# %% ../nbs/08_robustness.ipynb #987047e4
-def _throughput(fn: Callable, x: torch.Tensor, batch_size: int, repeats: int = 3) -> float:
-    "Images per second of `fn` over `x` in batches: the best of `repeats` passes, after a warm-up call."
-    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
-    fn(x[:batch_size]); sync()                                          # warm-up (kernels, nvJPEG handles)
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for i in range(0, len(x), batch_size): fn(x[i:i + batch_size])
-        sync()
-        best = min(best, time.perf_counter() - t)
-    return len(x) / best
-
-def bench_shifts(images: torch.Tensor | None = None, # uint8 (N, 3, S, S); default: synthetic smooth images
-                 n_images: int = 256, img_size: int = 224, batch_size: int = 64,
-                 devices: Sequence[str] | None = None, # default: cpu, plus cuda when available
-                 baselines: bool = True, repeats: int = 3,
-                ) -> dict:
-    "Throughput (images/s) of shifted-set generation per shift and device, with the PIL / torchvision baselines."
-    x = _check_images(images) if images is not None else _smooth_images(n_images, img_size)
-    S = x.shape[-1]
-    devices = list(devices or (['cpu'] + (['cuda'] if torch.cuda.is_available() else [])))
-    cases = {'jpeg q5 (torchvision)': JPEG(5),
-             'blur paper (matmul)': make_shift('blur', 'paper', S),
-             'blur IN-C s5 (matmul)': make_shift('blur', 5, S),
-             'shuffle g16' if S % 16 == 0 else 'shuffle g2': BlockShuffle(16 if S % 16 == 0 else 2),
-             'mask 50%': PatchMask(.5, grid=next(g for g in (14, 8, 4, 2, 1) if S % g == 0))}
-    hw = '; '.join(dict.fromkeys(hardware_info(d) for d in devices))
-    res = dict(hardware=hw, n_images=len(x), img_size=S,
-               batch_size=batch_size, repeats=repeats)
-    lines = [res['hardware'], f"{len(x)} images of {S}x{S}, batch {batch_size}, best of {repeats}"]
-    for dev in devices:
-        xd = x.to(dev)
-        for name, shift in cases.items():
-            res[f'{name} [{dev}]'] = v = _throughput(shift, xd, batch_size, repeats)
-            lines.append(f"  {name + ' [' + dev + ']':42s} {v:10.0f} img/s")
-    if baselines:
-        b = make_shift('blur', 'paper', S), make_shift('blur', 5, S)
-        from torchvision.transforms.v2.functional import gaussian_blur
-        base = {'jpeg q5 (PIL loop)': lambda t: _jpeg_pil(t, 5),
-                'blur paper (torchvision 2-D)': lambda t: gaussian_blur(t, [b[0].kernel_size] * 2, [b[0].sigma] * 2),
-                'blur IN-C s5 (torchvision 2-D)': lambda t: gaussian_blur(t, [b[1].kernel_size] * 2, [b[1].sigma] * 2)}
-        for name, fn in base.items():
-            res[f'{name} [cpu]'] = v = _throughput(fn, x, batch_size, repeats)
-            lines.append(f"  {name + ' [cpu]':42s} {v:10.0f} img/s  (baseline)")
-        for ours, theirs in (('jpeg q5 (torchvision)', 'jpeg q5 (PIL loop)'),
-                             ('blur paper (matmul)', 'blur paper (torchvision 2-D)'),
-                             ('blur IN-C s5 (matmul)', 'blur IN-C s5 (torchvision 2-D)')):
-            r = res[f'speedup {ours} vs {theirs} [cpu]'] = res[f'{ours} [cpu]'] / res[f'{theirs} [cpu]']
-            lines.append(f"  speedup {ours} / {theirs}: {r:.2f}x")
-        if 'cuda' in devices:
-            for name in cases:
-                r = res[f'speedup {name} cuda vs cpu'] = res[f'{name} [cuda]'] / res[f'{name} [cpu]']
-                lines.append(f"  speedup {name} cuda / cpu: {r:.1f}x")
-    print('\n'.join(lines))
-    return res

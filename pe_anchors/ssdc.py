@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_ssdc.ipynb #45de28d7
 from __future__ import annotations
-import math, os, resource, sys, time, warnings
+import math, sys, warnings
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Iterable, Iterator, Sequence
@@ -16,15 +16,14 @@ import torch.nn.functional as F
 from torch import nn
 from scipy.stats import ConstantInputWarning
 
-from .core import (grid_hw, grid_coords, check_choice, check_finite, pbar, hardware_info, result_row,
-                             RESULT_COLUMNS)
-from .pos_embed import sincos_2d
-from .vit import Recorder
+from .core import grid_hw, grid_coords, check_choice, check_finite, pbar
+from .results import result_frame
+from .vit import TokenRecorder
 
 # %% auto #0
 __all__ = ['DISTANCES', 'grid_distance', 'upper_pairs', 'average_ranks', 'spearman', 'token_similarity', 'ssdc_from_similarity',
-           'result_frame', 'bootstrap_ci', 'ssdc_per_image', 'SSDCAccumulator', 'ssdc', 'model_grid_size',
-           'patch_token_batches', 'ssdc_curve', 'bench_ssdc']
+           'bootstrap_ci', 'ssdc_per_image', 'SSDCAccumulator', 'ssdc', 'model_grid_size', 'patch_token_batches',
+           'ssdc_curve']
 
 # %% ../nbs/06_ssdc.ipynb #64f86a36
 DISTANCES = ('manhattan', 'euclidean')
@@ -169,17 +168,6 @@ def ssdc_from_similarity(sim: torch.Tensor,          # (..., N, N) token similar
     return spearman(upper_pairs(sim), _neg_pair_distance(grid, metric, str(sim.device)))
 
 # %% ../nbs/06_ssdc.ipynb #6f0724f5
-_META_DEFAULTS = dict(dataset='', condition='', seed=0)
-
-def result_frame(rows: Iterable[dict], **meta) -> pd.DataFrame:
-    "A tidy results table (`pe_anchors.core.RESULT_COLUMNS` first, then any extra columns) from row dicts + shared `meta`."
-    out = []
-    for r in rows:
-        r = {**_META_DEFAULTS, **meta, **r}
-        out.append({**result_row(**{k: v for k, v in r.items() if k in RESULT_COLUMNS}),
-                    **{k: v for k, v in r.items() if k not in RESULT_COLUMNS}})
-    return pd.DataFrame(out)
-
 def bootstrap_ci(values: np.ndarray | torch.Tensor, # (..., n) samples along the last dim (NaNs ignored)
                  level: float = .95,
                  n_boot: int = 2000,
@@ -330,7 +318,7 @@ def model_grid_size(model: nn.Module) -> tuple[int, int]:
 def patch_token_batches(model: nn.Module,
                         batches: Iterable,                   # image batches: tensors or tuples (x, y, ...)
                         layers: Sequence[int] | None = None, # blocks to tap (default: all)
-                        point: str = 'ln1',                  # `Recorder` tap point
+                        point: str = 'ln1',                  # `TokenRecorder` tap point
                         max_images: int | None = None,       # stop after exactly this many images
                         show_progress: bool | None = None,
                         comment: str = 'features',           # label of the progress bar
@@ -341,7 +329,7 @@ def patch_token_batches(model: nn.Module,
     was_training, seen = model.training, 0
     model.eval()
     try:
-        with Recorder(model, point, layers=layers) as rec:
+        with TokenRecorder(model, point, layers=layers) as rec:
             total = len(batches) if hasattr(batches, '__len__') else None
             for batch in pbar(batches, total=total, show=show_progress, comment=comment):
                 x = _batch_images(batch)
@@ -361,7 +349,7 @@ def ssdc_curve(model: nn.Module,
                per_image: bool = False,             # also keep each image's SSDC
                max_images: int | None = None,       # use exactly this many images (None: the whole loader)
                layers: Sequence[int] | None = None, # blocks to measure (default: all)
-               point: str = 'ln1',                  # `Recorder` tap point; 'ln1' is the paper's
+               point: str = 'ln1',                  # `TokenRecorder` tap point; 'ln1' is the paper's
                show_progress: bool | None = None,
                pooled: bool = True,                 # accumulate the mean matrix (False: per-image SSDC only)
               ) -> SSDCAccumulator:
@@ -374,113 +362,3 @@ def ssdc_curve(model: nn.Module,
         acc.update(feats)
     acc._need_data()
     return acc
-
-# %% ../nbs/06_ssdc.ipynb #5ff4eaf1
-def _bench_batches(n_images, n_layers, grid, dim, batch_size, seed, device):
-    "Deterministic feature batches (L, B, N, C): Gaussian content + a layer-weighted smooth sin-cos field."
-    pe = sincos_2d(grid, dim).to(device)                                          # (N, C)
-    w = torch.linspace(.2, 1.5, n_layers, device=device)[:, None, None, None]      # (L, 1, 1, 1)
-    for i, s in enumerate(range(0, n_images, batch_size)):
-        g = torch.Generator(device=device).manual_seed(seed * 100_003 + i)
-        b = min(batch_size, n_images - s)
-        yield torch.randn(n_layers, b, pe.shape[0], dim, generator=g, device=device) + w * pe
-
-def _naive_pairs(feats: np.ndarray) -> np.ndarray: # (L, B, N, C) -> (L, B, P): numpy cosine matrices, upper triangle
-    iu = np.triu_indices(feats.shape[2], 1)
-    x = feats / np.linalg.norm(feats, axis=-1, keepdims=True)
-    return np.stack([np.stack([(x[l, b] @ x[l, b].T)[iu] for b in range(x.shape[1])]) for l in range(x.shape[0])])
-
-def _naive_spearman(pairs: np.ndarray, neg_d: np.ndarray) -> np.ndarray: # (L, B, P) -> (L, B)
-    "The slow reference: one `scipy.stats.spearmanr` call per image and layer."
-    from scipy.stats import spearmanr
-    return np.array([[spearmanr(p, neg_d).statistic for p in layer] for layer in pairs])
-
-def _sync(device):
-    if torch.device(device).type == 'cuda': torch.cuda.synchronize(device)
-
-def bench_ssdc(n_images: int = 1000,
-               n_tokens: int = 196,          # a square number, or pass `grid_size`
-               n_layers: int = 12,
-               dim: int = 384,
-               batch_size: int = 100,
-               device: str | torch.device | None = None, # default: cuda if available, else cpu
-               naive_images: int | None = None,          # images for the naive path (default: all; else scaled up)
-               grid_size: int | Sequence[int] | None = None,
-               seed: int = 0,
-               num_threads: int | None = None,           # torch CPU threads for the run (default: as set)
-               verbose: bool = True,
-              ) -> dict:
-    "Time per-image SSDC naive (scipy per image and layer) vs batched on the same features; print and return figures."
-    device = torch.device(device if device is not None else 'cuda' if torch.cuda.is_available() else 'cpu')
-    grid = grid_hw(grid_size if grid_size is not None else math.isqrt(n_tokens))
-    if grid[0] * grid[1] != n_tokens: raise ValueError(f"n_tokens={n_tokens} is not square: pass grid_size=(H, W)")
-    naive_images = n_images if naive_images is None else max(1, min(naive_images, n_images))
-    old_threads = torch.get_num_threads()
-    if num_threads is not None: torch.set_num_threads(num_threads)
-    try: res = _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images, seed)
-    finally: torch.set_num_threads(old_threads)
-    if verbose: _print_bench(res)
-    return res
-
-def _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images, seed) -> dict:
-    n_tokens, load_before, hw = grid[0] * grid[1], os.getloadavg()[0], hardware_info(device)
-    if device.type == 'cuda': torch.cuda.reset_peak_memory_stats(device)
-    neg_d = _neg_pair_distance(grid, 'manhattan', 'cpu').numpy()
-    acc, naive, t = SSDCAccumulator(grid, per_image=True), [], dict(batched=0., naive=0., rank_batched=0., rank_naive=0.)
-    for f in _bench_batches(n_images, n_layers, grid, dim, batch_size, seed, device):   # each batch feeds both paths
-        _sync(device); t0 = time.perf_counter()
-        acc.update(f)                                                   # batched: per-image + mean-matrix sum
-        _sync(device); t['batched'] += time.perf_counter() - t0
-        k = min(f.shape[1], naive_images - sum(v.shape[1] for v in naive))
-        if k <= 0: continue
-        f = f[:, :k].cpu().numpy()
-        t0 = time.perf_counter(); pairs = _naive_pairs(f); t1 = time.perf_counter()
-        naive.append(_naive_spearman(pairs, neg_d)); t2 = time.perf_counter()
-        t['naive'] += t2 - t0; t['rank_naive'] += t2 - t1
-        p = torch.from_numpy(pairs).to(device)                          # the Spearman stage alone, same pair vectors
-        _sync(device); t0 = time.perf_counter()
-        spearman(p, _neg_pair_distance(grid, 'manhattan', str(device)))
-        _sync(device); t['rank_batched'] += time.perf_counter() - t0
-    t0 = time.perf_counter(); mean_ssdc = acc.compute(); _sync(device); t['batched'] += time.perf_counter() - t0
-    naive = np.concatenate(naive, axis=1)
-    scale = n_images / naive_images                                     # extrapolation when naive_images < n_images
-    rows = n_images * n_layers
-    mb = lambda n: n / 2**20
-    return dict(hardware=hw, device=str(device), load_avg_1min=(load_before, os.getloadavg()[0]),
-                n_images=n_images, n_tokens=n_tokens, grid=grid, n_layers=n_layers, dim=dim, batch_size=batch_size,
-                n_pairs=n_tokens * (n_tokens - 1) // 2, naive_images=naive_images,
-                t_naive_s=t['naive'] * scale, t_batched_s=t['batched'], speedup=t['naive'] * scale / t['batched'],
-                ms_per_image_layer_naive=1e3 * t['naive'] * scale / rows,
-                ms_per_image_layer_batched=1e3 * t['batched'] / rows,
-                spearman_speedup=t['rank_naive'] / t['rank_batched'],
-                ms_per_row_spearman_naive=1e3 * t['rank_naive'] / (naive_images * n_layers),
-                ms_per_row_spearman_batched=1e3 * t['rank_batched'] / (naive_images * n_layers),
-                max_abs_diff=float(np.abs(naive - acc.image_values()[:, :naive_images].numpy()).max()),
-                ssdc_mean_matrix=mean_ssdc.cpu().numpy().round(4).tolist(),
-                mem_keep_all_features_mb=mb(4 * n_layers * n_images * n_tokens * dim),
-                mem_stream_state_mb=mb(8 * n_layers * n_tokens ** 2 + 8 * n_layers * n_images),
-                mem_stream_batch_features_mb=mb(4 * n_layers * batch_size * n_tokens * dim),
-                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                peak_cuda_mb=mb(torch.cuda.max_memory_allocated(device)) if device.type == 'cuda' else None)
-
-def _print_bench(r: dict):
-    extra = '' if r['naive_images'] == r['n_images'] else f" (naive measured on {r['naive_images']} images, scaled)"
-    la = r['load_avg_1min']
-    busy = max(la) > (os.cpu_count() or 1)
-    print(f"{r['hardware']}\n1-min load average {la[0]:.1f} -> {la[1]:.1f}"
-          f"{' (above the core count: other processes share the cores and timings inflate)' if busy else ''}\n"
-          f"per-image SSDC: {r['n_images']} images x {r['n_layers']} layers, {r['grid'][0]}x{r['grid'][1]} grid "
-          f"({r['n_pairs']} pairs), dim {r['dim']}, batches of {r['batch_size']}{extra}\n"
-          f"  end to end, features -> per-image SSDC (cosine matrices + Spearman):\n"
-          f"    naive   numpy + scipy.spearmanr per image and layer {r['t_naive_s']:8.2f} s "
-          f"({r['ms_per_image_layer_naive']:.3f} ms per image-layer)\n"
-          f"    batched SSDCAccumulator on {r['device']:<24s} {r['t_batched_s']:8.2f} s "
-          f"({r['ms_per_image_layer_batched']:.3f} ms per image-layer, incl. the mean-matrix SSDC)\n"
-          f"    speed-up {r['speedup']:.1f}x\n"
-          f"  Spearman stage alone (same pair vectors): scipy {r['ms_per_row_spearman_naive']:.3f} ms/row, batched "
-          f"{r['ms_per_row_spearman_batched']:.3f} ms/row, speed-up {r['spearman_speedup']:.1f}x\n"
-          f"  max |naive - batched| = {r['max_abs_diff']:.1e}\n"
-          f"  memory: keeping all features {r['mem_keep_all_features_mb']:.0f} MiB; streaming state "
-          f"{r['mem_stream_state_mb']:.2f} MiB + one batch of features {r['mem_stream_batch_features_mb']:.0f} MiB"
-          + (f"; peak CUDA {r['peak_cuda_mb']:.0f} MiB" if r['peak_cuda_mb'] is not None else '')
-          + f"; process peak RSS {r['peak_rss_mb']:.0f} MiB")

@@ -4,8 +4,7 @@
 
 # %% ../nbs/02_vit.ipynb #8e8d792b
 from __future__ import annotations
-import json
-from contextlib import contextmanager
+import json, os, tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -20,15 +19,16 @@ from .core import check_choice, grid_hw, image_rng
 from .pos_embed import PosEmbed, create_pos_embed, PE_NAMES
 
 # %% auto #0
-__all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'MODEL_CONFIGS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'TAP_POINTS', 'PERM_MODES',
-           'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit',
-           'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16',
-           'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'Recorder', 'apply_token_perm', 'image_perms',
-           'TokenPermutation', 'save_checkpoint', 'load_checkpoint']
+__all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'TAP_POINTS',
+           'PERM_MODES', 'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT',
+           'create_pe_vit', 'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32',
+           'pe_vit_nano_patch2_16', 'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'TokenRecorder',
+           'apply_token_perm', 'image_perms', 'TokenPermutation', 'save_checkpoint', 'load_checkpoint']
 
 # %% ../nbs/02_vit.ipynb #91a9cf90
 QKV_PROJECTIONS = ('linear', 'conv')
 MODEL_STYLES = ('timm', 'released')
+GLOBAL_POOLS = ('token', 'avg', '')
 
 class ConvQKV(nn.Module):
     "Depthwise convolutions over the patch-token grid in front of the q, k and v projections; prefix tokens pass through."
@@ -133,11 +133,14 @@ class PEViT(nn.Module):
                  qkv_proj: str = 'linear',       # 'conv': depthwise convolutions before q/k/v (Xu 2025), else linear
                  qkv_kernel: int = 3,            # their kernel size (odd)
                  style: str = 'timm',            # 'timm' or 'released': initialisation and dropout sites (`MODEL_STYLES`)
+                 global_pool: str = 'token',     # what the head reads: 'token' (CLS, the paper's), 'avg' (patch mean), ''
                 ):
         super().__init__()
         check_choice('positional encoding', pe, PE_NAMES)
         check_choice('qkv projection', qkv_proj, QKV_PROJECTIONS)
         self.style = check_choice('model style', style, MODEL_STYLES)
+        self.global_pool = check_choice('global_pool', global_pool, GLOBAL_POOLS)
+        self.grad_checkpointing = False
         pos_drop_rate, attn_drop_rate, proj_drop_rate = (drop_rate if r is None else r
                                                          for r in (pos_drop_rate, attn_drop_rate, proj_drop_rate))
         self.pe, self.qkv_proj, self.num_classes, self.depth = pe, qkv_proj, num_classes, depth
@@ -157,6 +160,7 @@ class PEViT(nn.Module):
         out_drop, mlp_drop = (0., (proj_drop_rate, 0.)) if style == 'released' else (proj_drop_rate, None)
         self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias, out_drop, attn_drop_rate,
                                            dpr[i], layer=i, mlp_drop=mlp_drop, **attn) for i in range(depth)])
+        self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self.norm = nn.LayerNorm(embed_dim) if final_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights(style)
@@ -184,20 +188,75 @@ class PEViT(nn.Module):
         pe = getattr(self.pos_embed, 'no_weight_decay', lambda: set())()
         return {'cls_token'} | {f'pos_embed.{n}' for n in pe}
 
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        "Parameter groups for timm's optimiser factory (layer-wise learning-rate decay): stem, then one group per block."
+        return dict(stem=r'^cls_token|^pos_embed|^patch_embed', blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True):
+        "Recompute block activations in the backward pass (less memory, more compute), as timm's ViTs."
+        self.grad_checkpointing = enable
+
     def get_classifier(self) -> nn.Module: return self.head
-    def reset_classifier(self, num_classes: int):
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None):
+        "A new head for `num_classes` (0: none); the recorded config follows, so checkpoints rebuild the same model."
+        if global_pool is not None: self.global_pool = check_choice('global_pool', global_pool, GLOBAL_POOLS)
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if hasattr(self, 'model_kwargs'): self.model_kwargs = {**self.model_kwargs, 'num_classes': num_classes,
+                                                               'global_pool': self.global_pool}
+        if hasattr(self, 'pretrained_cfg'): self.pretrained_cfg = {**self.pretrained_cfg, 'num_classes': num_classes}
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C)
+    def _embed(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C), entering block 0
         x = self.patch_embed(x)                                  # (B, N, C): the token-permutation hook point
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-        x = self.pos_drop(self.pos_embed(x))
-        for blk in self.blocks: x = blk(x, self.pos_embed)
+        return self.pos_drop(self.pos_embed(x))
+
+    def _block(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            return torch.utils.checkpoint.checkpoint(blk, x, self.pos_embed, use_reentrant=False)
+        return blk(x, self.pos_embed)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C)
+        x = self._embed(x)
+        for blk in self.blocks: x = self._block(blk, x)
         return self.norm(x)
 
+    def forward_intermediates(self, x: torch.Tensor,
+                              indices: int | Sequence[int] | None = None, # last n blocks (int) or these blocks (None: all)
+                              return_prefix_tokens: bool = False,
+                              norm: bool = False,                          # apply the final norm to the intermediates
+                              stop_early: bool = False,                    # skip the blocks after the last one taken
+                              output_fmt: str = 'NCHW',                    # 'NCHW' (grid) or 'NLC' (tokens)
+                              intermediates_only: bool = False):
+        "timm's intermediate-feature API: block outputs (patch tokens) of `indices`, and the final features."
+        from timm.models._features import feature_take_indices
+        check_choice('output_fmt', output_fmt, ('NCHW', 'NLC'))
+        take, last = feature_take_indices(len(self.blocks), indices)
+        x, out, p = self._embed(x), [], self.num_prefix_tokens
+        for i, blk in enumerate(self.blocks[:last + 1] if stop_early else self.blocks):
+            x = self._block(blk, x)
+            if i in take: out.append(self.norm(x) if norm else x)
+        prefix, out = [y[:, :p] for y in out], [y[:, p:] for y in out]
+        if output_fmt == 'NCHW':
+            h, w = self.grid_size
+            out = [y.reshape(y.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for y in out]
+        if return_prefix_tokens: out = list(zip(out, prefix))
+        return out if intermediates_only else (self.norm(x), out)
+
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True):
+        "Drop the blocks after the last of `indices` (and the norm / head): what timm's feature extractor calls."
+        from timm.models._features import feature_take_indices
+        take, last = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:last + 1]
+        if prune_norm: self.norm = nn.Identity()
+        if prune_head: self.reset_classifier(0, '')
+        return take
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x[:, 0]                                              # CLS token
+        if self.global_pool == 'token': x = x[:, 0]                              # CLS token (the paper's)
+        elif self.global_pool == 'avg': x = x[:, self.num_prefix_tokens:].mean(1)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -229,13 +288,18 @@ def _pretrained_cfg(name: str, cfg: dict) -> dict:
 def create_pe_vit(name: str, pe: str = 'ape', pretrained: bool = False, **kwargs) -> PEViT:
     "Build the configuration `name` (a key of `MODEL_CONFIGS`) with positional encoding `pe`; kwargs override."
     check_choice('model', name, MODEL_CONFIGS)
-    for k in ('pretrained_cfg', 'pretrained_cfg_overlay', 'cache_dir'): kwargs.pop(k, None)  # passed by timm.create_model
+    overlay = kwargs.pop('pretrained_cfg_overlay', None) or {}
+    features_only, out_indices = kwargs.pop('features_only', False), kwargs.pop('out_indices', 3)
+    for k in ('pretrained_cfg', 'cache_dir'): kwargs.pop(k, None)              # passed by timm.create_model
     if pretrained: raise ValueError("pe_anchors models have no published weights; train one (pe_anchors train) or "
                                     "load a checkpoint with load_checkpoint")
     cfg = {**MODEL_CONFIGS[name], **kwargs}
     model = PEViT(pe=pe, **cfg)
-    model.pretrained_cfg = model.default_cfg = _pretrained_cfg(name, cfg)
+    model.pretrained_cfg = model.default_cfg = {**_pretrained_cfg(name, cfg), **overlay}
     model.model_name, model.model_kwargs = name, dict(pe=pe, **kwargs)
+    if features_only:                                     # timm's feature extractor over `forward_intermediates`
+        from timm.models._features import FeatureGetterNet
+        return FeatureGetterNet(model, out_indices=out_indices)
     return model
 
 @register_model
@@ -271,7 +335,7 @@ def pe_vit_nano_patch1_8(pretrained=False, **kwargs) -> PEViT:
 # %% ../nbs/02_vit.ipynb #10bd2f61
 TAP_POINTS = ('ln1', 'resid', 'block')
 
-class Recorder:
+class TokenRecorder:
     "Record per-block residual-stream features of `model` through forward hooks (removed on exit)."
     def __init__(self,
                  model: nn.Module,
@@ -282,7 +346,7 @@ class Recorder:
                 ):
         blocks = getattr(model, 'blocks', None)
         if blocks is None or not len(blocks) or not hasattr(blocks[0], 'norm1'):
-            raise ValueError(f"{type(model).__name__} has no `.blocks[i].norm1`; Recorder supports pre-LN ViTs "
+            raise ValueError(f"{type(model).__name__} has no `.blocks[i].norm1`; TokenRecorder supports pre-LN ViTs "
                              "(PEViT, timm VisionTransformer / Eva)")
         self.model, self.blocks = model, blocks
         self.points = (points,) if isinstance(points, str) else tuple(points)
@@ -320,7 +384,7 @@ class Recorder:
     def stacked(self, point: str = 'ln1') -> torch.Tensor: # (L, B, T, C)
         "All recorded layers of `point`, stacked in `self.layers` order."
         f = self.features[check_choice('tap point', point, self.points)]
-        if not f: raise RuntimeError("nothing recorded yet: run a forward pass inside the `with Recorder(...)` block")
+        if not f: raise RuntimeError("nothing recorded yet: run a forward pass inside the `with TokenRecorder(...)` block")
         return torch.stack([f[i] for i in self.layers])
 
     def patch_tokens(self, point: str = 'ln1') -> torch.Tensor: # (L, B, N, C)
@@ -414,11 +478,14 @@ def save_checkpoint(model: PEViT, path: str | Path, extra: dict | None = None) -
     from safetensors.torch import save_file
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(model_name=getattr(model, 'model_name', ''), model_kwargs=json.dumps(getattr(model, 'model_kwargs', {})),
-                extra=json.dumps(extra or {}))
+                pretrained_cfg=json.dumps(getattr(model, 'pretrained_cfg', {})), extra=json.dumps(extra or {}))
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    tmp = path.with_suffix(path.suffix + '.tmp')
-    save_file(sd, str(tmp), metadata=meta)
-    tmp.replace(path)                                           # atomic: an interrupted save never leaves a torn file
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp'); os.close(fd)
+    try:
+        save_file(sd, tmp, metadata=meta)
+        os.chmod(tmp, 0o644); os.replace(tmp, path)            # atomic: an interrupted save never leaves a torn file
+    finally:
+        if os.path.exists(tmp): os.remove(tmp)
     return path
 
 def load_checkpoint(path: str | Path, map_location: str = 'cpu', **overrides) -> PEViT:
@@ -430,5 +497,8 @@ def load_checkpoint(path: str | Path, map_location: str = 'cpu', **overrides) ->
     with safe_open(str(path), 'pt') as f: meta = f.metadata() or {}
     if not meta.get('model_name'): raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint)")
     model = create_pe_vit(meta['model_name'], **{**json.loads(meta['model_kwargs']), **overrides})
-    model.load_state_dict(load_file(str(path), device=map_location))
+    try: model.load_state_dict(load_file(str(path), device=map_location))
+    except RuntimeError as e: raise ValueError(f"{path} does not match its own model config: {str(e).splitlines()[0]}") from None
+    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(meta.get('pretrained_cfg') or '{}').items()}
+    model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, **cfg}   # e.g. the training mean/std
     return model

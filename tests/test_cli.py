@@ -52,3 +52,31 @@ def test_demo_small_then_report_and_analyze(installed, tmp_path):
 def test_main_in_process_returns_codes(tmp_path, capsys):
     assert main(['report', str(tmp_path / 'none')]) == 2
     assert 'error' in capsys.readouterr().err
+
+
+def test_bad_inputs_exit_2_with_one_line(installed, tmp_path):
+    import torch
+    cases = [(('train', '--bs', '0', '--out', str(tmp_path / 'r')), 'must be >= 1'),
+             (('train', '--epochs', '0', '--out', str(tmp_path / 'r')), 'must be >= 1'),
+             (('train', '--device', 'tpu', '--out', str(tmp_path / 'r')), "unknown device 'tpu'"),
+             (('train', '--data', 'image_folder', '--out', str(tmp_path / 'r')), 'needs --data-path'),
+             (('train', '--data', 'digits', '--data-path', '/x', '--out', str(tmp_path / 'r')), '--data-path is for cifar10'),
+             (('train', '--pe', 'alibi', '--out', str(tmp_path / 'r')), "unknown positional encoding 'alibi'"),
+             (('sweep', 'digits', '--out', str(tmp_path / 's'), '--cbs', 'nonsense'), "unknown callback 'nonsense'")]
+    if not torch.cuda.is_available():
+        cases.append((('train', '--device', 'cuda', '--out', str(tmp_path / 'r')), 'no CUDA GPU'))
+    for args, msg in cases:
+        r = run(*args, timeout=300)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = [l for l in r.stderr.strip().splitlines() if l.strip() and 'Warning' not in l and 'warnings.warn' not in l]
+        assert len(lines) in (1, 2) and msg in r.stderr and 'Traceback' not in r.stderr, (args, r.stderr)
+    r = run('--version'); assert r.returncode == 0 and r.stdout.startswith('pe_anchors ')
+
+
+def test_restart_starts_a_run_over(installed, tmp_path):
+    out = tmp_path / 'r'
+    common = ('train', '--out', str(out), '--epochs', '1', '--bs', '256', '--quiet')
+    assert run(*common, timeout=600).returncode == 0
+    r = run('train', '--out', str(out), '--epochs', '1', '--bs', '128', '--quiet', timeout=600)
+    assert r.returncode == 2 and 'holds a different run' in r.stderr and '--restart' in r.stderr
+    assert run('train', '--out', str(out), '--epochs', '1', '--bs', '128', '--quiet', '--restart', timeout=600).returncode == 0

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-from pe_anchors.core import RESULT_COLUMNS
+from pe_anchors.results import RESULT_COLUMNS, gather
 from pe_anchors.data import get_data
-from pe_anchors.experiment import (Experiment, EvalData, PRESETS, evaluate_model, gather, preset, resolve_shard,
+from pe_anchors.experiment import (Experiment, EvalData, PRESETS, evaluate_model, preset, resolve_shard,
                                    run_dir_of, run_experiment, load_run_model)
 from pe_anchors.learner import pe_learner
 

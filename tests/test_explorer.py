@@ -5,7 +5,7 @@ import timm
 import torch
 
 from pe_anchors.explorer import Explorer
-from pe_anchors.vit import Recorder
+from pe_anchors.vit import TokenRecorder
 
 
 def test_similarity_map_equals_brute_force():
@@ -13,7 +13,7 @@ def test_similarity_map_equals_brute_force():
     m = timm.create_model('pe_vit_nano_patch1_8', pe='ape').eval()
     x = torch.randn(6, 3, 8, 8)
     ex = Explorer({'m': m}, [x[:4], x[4:]], max_images=None)
-    with torch.no_grad(), Recorder(m, 'ln1') as rec: m(x)
+    with torch.no_grad(), TokenRecorder(m, 'ln1') as rec: m(x)
     f = rec.patch_tokens('ln1')[2]                                   # (B, N, C) at block 2
     f = f / f.norm(dim=-1, keepdim=True)
     ref = torch.einsum('bc,bnc->bn', f[:, 19], f).mean(0).reshape(8, 8).numpy()   # token 19 = (2, 3)

@@ -11,7 +11,7 @@ import pe_anchors
 from pe_anchors.core import grid_coords
 from pe_anchors.pos_embed import (PE_NAMES, SinCos2D, RoPE2D, RoPEMixed, LearnedAPE, NoPE, create_pos_embed,
                                   rope_rotate)
-from pe_anchors.vit import PEViT, Recorder, TokenPermutation, save_checkpoint, load_checkpoint, MODEL_CONFIGS
+from pe_anchors.vit import PEViT, TokenRecorder, TokenPermutation, save_checkpoint, load_checkpoint, MODEL_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,14 +50,14 @@ def test_paper_vit_s_parameter_count():
 @pytest.mark.parametrize('pe', PE_NAMES)
 def test_paper_config_forward_and_taps(pe):
     m = timm.create_model('pe_vit_small_patch16_224', pe=pe, num_classes=10).eval()
-    with torch.no_grad(), Recorder(m, 'ln1') as rec: out = m(torch.randn(2, 3, 224, 224))
+    with torch.no_grad(), TokenRecorder(m, 'ln1') as rec: out = m(torch.randn(2, 3, 224, 224))
     assert out.shape == (2, 10)
     assert rec.patch_tokens().shape == (12, 2, 196, 384)
 
 
 def test_sincos_matches_written_out_formula():
     D, H, W = 24, 4, 3
-    pe = SinCos2D((H, W), D, num_prefix_tokens=1).pe[0]
+    pe = SinCos2D((H, W), D, num_prefix_tokens=1).grid_table[0]
     for k in range(H * W):
         y, x = k // W, k % W
         for j in range(D // 4):
@@ -134,9 +134,9 @@ def test_permutation_equivariance_paper_config():
         with torch.no_grad():
             for blk in m.blocks: blk.attn.qkv.weight.mul_(3)   # sharper attention; x10 turns 12 layers chaotic in fp32
             if pe == 'ape': m.pos_embed.pos_embed.mul_(50)
-            with Recorder(m, 'block', layers=[11]) as rec: base = m(x)
+            with TokenRecorder(m, 'block', layers=[11]) as rec: base = m(x)
             ref = rec.patch_tokens('block')
-            with Recorder(m, 'block', layers=[11]) as rec, TokenPermutation(m, perm=perm): out = m(x)
+            with TokenRecorder(m, 'block', layers=[11]) as rec, TokenPermutation(m, perm=perm): out = m(x)
         err = (rec.patch_tokens('block') - ref[:, :, perm]).norm() / ref.norm()
         if pe == 'none':
             torch.testing.assert_close(out, base, atol=1e-5, rtol=1e-4); assert err < 1e-5
@@ -156,7 +156,7 @@ def test_per_sample_permutation_is_a_permutation_and_seeded():
 
 def test_recorder_on_timm_vit():
     m = timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=0, img_size=32, patch_size=8).eval()
-    with torch.no_grad(), Recorder(m, ('ln1', 'block')) as rec, TokenPermutation(m, seed=0): m(torch.randn(2, 3, 32, 32))
+    with torch.no_grad(), TokenRecorder(m, ('ln1', 'block')) as rec, TokenPermutation(m, seed=0): m(torch.randn(2, 3, 32, 32))
     assert rec.patch_tokens('ln1').shape == (12, 2, 16, 192)
 
 
@@ -275,3 +275,45 @@ def test_paper_recipe_builds_the_released_model():
     learn = pe_learner('digits', 'ape', recipe='paper', show_progress=False, device='cpu', epochs=1)
     assert learn.model.style == 'released' and learn.config['recipe']['model_style'] == 'released'
     assert pe_learner('digits', 'ape', show_progress=False, device='cpu').model.style == 'timm'
+
+
+def test_timm_api_forward_intermediates_matches_the_recorder_taps():
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch1_8', pe='rope').eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad(), TokenRecorder(m, 'block') as rec: m(x)
+    with torch.no_grad(): final, inter = m.forward_intermediates(x, output_fmt='NLC')
+    torch.testing.assert_close(torch.stack(inter), rec.patch_tokens('block'))
+    torch.testing.assert_close(final, m.forward_features(x))
+    with torch.no_grad(): grid = m.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
+    torch.testing.assert_close(grid, rec.patch_tokens('block')[1].reshape(2, 8, 8, -1).permute(0, 3, 1, 2))
+    fx = timm.create_model('pe_vit_nano_patch1_8', pe='ape', features_only=True, out_indices=(1, 3))
+    assert [tuple(t.shape) for t in fx(x)] == [(2, 64, 8, 8)] * 2 and len(fx.model.blocks) == 4
+
+
+def test_timm_api_checkpointing_pooling_and_layer_decay():
+    from timm.optim import create_optimizer_v2
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch1_8', pe='ape').train()
+    x = torch.randn(2, 3, 8, 8)
+    torch.manual_seed(1); ref = m(x)
+    m.set_grad_checkpointing(); torch.manual_seed(1); out = m(x)
+    torch.testing.assert_close(out, ref)                                      # same maths, recomputed in backward
+    out.sum().backward(); assert m.blocks[0].attn.qkv.weight.grad is not None
+    opt = create_optimizer_v2(m, 'adamw', lr=1e-3, layer_decay=.5)
+    scales = sorted({g['lr_scale'] for g in opt.param_groups})
+    assert len(scales) == len(m.blocks) + 2 and scales[-1] == 1.0            # stem, 4 blocks, head
+    m.reset_classifier(3, global_pool='avg'); m.eval()
+    with torch.no_grad(): feats = m.forward_features(x)
+    torch.testing.assert_close(m.forward_head(feats, pre_logits=True), feats[:, 1:].mean(1))
+
+
+def test_reset_classifier_checkpoint_round_trip(tmp_path):
+    m = timm.create_model('pe_vit_nano_patch1_8', pe='spe')
+    m.reset_classifier(3)
+    save_checkpoint(m, tmp_path / 'm.safetensors')
+    back = load_checkpoint(tmp_path / 'm.safetensors')
+    assert back.num_classes == 3 and back.head.out_features == 3
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in m.state_dict().items())
+    m2 = timm.create_model('pe_vit_nano_patch1_8', pretrained_cfg_overlay=dict(mean=(.5, .5, .5)))
+    assert m2.pretrained_cfg['mean'] == (.5, .5, .5)

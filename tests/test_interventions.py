@@ -8,12 +8,14 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from pe_anchors.core import RESULT_COLUMNS
+from pe_anchors.results import RESULT_COLUMNS
 from pe_anchors.pos_embed import sincos_2d
-from pe_anchors.vit import PEViT, Recorder, TokenPermutation, image_perms
+from pe_anchors.vit import PEViT, TokenRecorder, TokenPermutation, image_perms
 from pe_anchors.ssdc import ssdc_curve, ssdc_from_similarity
 from pe_anchors.interventions import (SSDC_MODES, SSDCRuns, spread, measure_ssdc, delta_ssdc, ssdc_trajectories,
-                                      pe_scaled, alpha_sweep, plot_ssdc, paper_curves, PAPER_SSDC)
+                                      pe_scaled, alpha_sweep)
+from pe_anchors.plots import plot_ssdc
+from pe_anchors.paper import paper_curves, PAPER_SSDC
 
 
 def smooth_images(n, size=16, seed=0):
@@ -229,13 +231,13 @@ def test_plot_ssdc_paper_style(batches):
 
 
 def test_measure_ssdc_at_another_tap_point(batches):
-    "`point` reaches the recorder: SSDC of the blocks' outputs, by hand from Recorder features, under a fixed RPI draw."
-    from pe_anchors.vit import Recorder
+    "`point` reaches the recorder: SSDC of the blocks' outputs, by hand from TokenRecorder features, under a fixed RPI draw."
+    from pe_anchors.vit import TokenRecorder
     from pe_anchors.ssdc import ssdc as ssdc_of
     model = vit('spe').eval()
     runs = measure_ssdc(model, batches, 'rpi', n_perms=1, perm_seed=5, point='block', layers=[1, 2])
     feats = []
-    with torch.no_grad(), TokenPermutation(model, mode='draw', seed=5), Recorder(model, 'block', layers=[1, 2]) as rec:
+    with torch.no_grad(), TokenPermutation(model, mode='draw', seed=5), TokenRecorder(model, 'block', layers=[1, 2]) as rec:
         for x in batches:
             model(x); feats.append(rec.patch_tokens('block'))
     want = ssdc_of(torch.cat(feats, dim=1), 8).numpy()
@@ -282,7 +284,7 @@ def test_rpi_draw_against_a_written_out_reference():
     runs = measure_ssdc(m, [x[:7], x[7:]], 'rpi', n_perms=2, perm_seed=5, layers=[0, 2])
     for k in range(2):
         perm = torch.randperm(64, generator=torch.Generator().manual_seed(5 + k))
-        with torch.no_grad(), TokenPermutation(m, perm=perm), Recorder(m, 'ln1', layers=[0, 2]) as rec: m(x)
+        with torch.no_grad(), TokenPermutation(m, perm=perm), TokenRecorder(m, 'ln1', layers=[0, 2]) as rec: m(x)
         feats = rec.patch_tokens('ln1').double().numpy()                          # (2, 20, 64, C)
         for j in range(2):
             rho, xn = _numpy_ssdc(feats[j])
@@ -301,7 +303,7 @@ def test_rpi_image_against_a_written_out_reference():
             perm = torch.from_numpy(np.random.default_rng([9 + k, i]).permutation(64))
             test = image_perms(9 + k, i, 1, 64)[0]
             assert torch.equal(perm, test)
-            with torch.no_grad(), TokenPermutation(m, perm=perm), Recorder(m, 'ln1', layers=[1]) as rec: m(x[i:i + 1])
+            with torch.no_grad(), TokenPermutation(m, perm=perm), TokenRecorder(m, 'ln1', layers=[1]) as rec: m(x[i:i + 1])
             rho, xn = _numpy_ssdc(rec.patch_tokens('ln1')[0, 0].double().numpy())
             ref.append(rho(xn @ xn.T))
         np.testing.assert_allclose(runs.image_values[k, 0], ref, atol=2e-5)

@@ -10,8 +10,8 @@ from fastai.optimizer import OptimWrapper
 
 from pe_anchors.callback.permute import RPT
 from pe_anchors.data import digits, ImageSplit
-from pe_anchors.learner import (RECIPES, get_recipe, SoftTargetCE, wd_param_groups, pe_learner, fit_recipe, train,
-                                last_checkpoint, bench_train)
+from pe_anchors.learner import (RECIPES, get_recipe, SoftTargetCE, wd_param_groups, param_groups, pe_learner, fit_recipe, train,
+                                last_checkpoint)
 from pe_anchors.pos_embed import PE_NAMES
 from pe_anchors.vit import load_checkpoint
 
@@ -32,7 +32,7 @@ def test_paper_recipe_is_the_papers():
     assert p.moms == (0.9, 0.9, 0.9) and not p.bf16
     f = RECIPES['fast']
     assert f.bf16 and f.channels_last and f.moms is None and (f.lr, f.wd) == (p.lr, p.wd)
-    with pytest.raises(TypeError, match='unknown recipe field'): get_recipe('fast', lrr=1)
+    with pytest.raises(ValueError, match='unknown recipe field'): get_recipe('fast', lrr=1)
 
 
 def test_soft_target_ce_matches_formula():
@@ -53,13 +53,82 @@ def test_weight_decay_groups_honour_no_weight_decay(pe, small):
     names = {id(p): n for n, p in learn.model.named_parameters()}
     groups = learn.opt.opt.param_groups
     learn.opt.set_hypers(wd=learn.wd)
-    assert [g['weight_decay'] for g in groups] == [0.05, 0.0]
-    nodecay = {names[id(p)] for p in groups[1]['params']}
+    kinds = list(param_groups(learn.model))
+    assert [g['weight_decay'] for g in groups] == [0.05 if k in ('body', 'head') else 0. for k in kinds]
+    nodecay = {names[id(p)] for g in groups if g['weight_decay'] == 0 for p in g['params']}
     for n in learn.model.no_weight_decay(): assert n in nodecay
-    assert all(p.ndim >= 2 for p in groups[0]['params']) and all(names[id(p)].endswith('bias') or p.ndim <= 1
-                                                                  or names[id(p)] in learn.model.no_weight_decay()
-                                                                  for p in groups[1]['params'])
-    assert len(groups[0]['params']) + len(groups[1]['params']) == len(list(learn.model.parameters()))
+    for g in groups:
+        if g['weight_decay']: assert all(p.ndim >= 2 and names[id(p)] not in learn.model.no_weight_decay() for p in g['params'])
+    assert sum(len(g['params']) for g in groups) == len(list(learn.model.parameters()))
+
+
+def test_freeze_trains_the_head_only(small):
+    # fastai's freeze(): the last layer group (the head) trains; norms stay trainable (fastai's train_bn default)
+    learn = pe_learner(small, 'ape', **FAST)
+    learn.freeze()
+    trainable = {n for n, p in learn.model.named_parameters() if p.requires_grad}
+    norms = {n for n, p in learn.model.named_parameters() if 'norm' in n}
+    assert trainable == {'head.weight', 'head.bias'} | norms
+    assert not learn.model.pos_embed.pos_embed.requires_grad and not learn.model.cls_token.requires_grad
+    learn.unfreeze()
+    assert all(p.requires_grad for p in learn.model.parameters())
+
+
+def test_position_lr_multiplier(small):
+    learn = pe_learner(small, 'ape', pe_lr_mult=10, **FAST)
+    fit_recipe(learn, epochs=1)
+    lrs = {k: h['lr'] for k, h in zip(param_groups(learn.model), learn.opt.hypers)}
+    assert lrs['position'] == pytest.approx(10 * lrs['body']) and lrs['head'] == pytest.approx(lrs['body'])
+
+
+def test_export_load_learner_predict_round_trip(small, tmp_path):
+    from fastai.learner import load_learner
+    learn = pe_learner(small, 'ape', **FAST)
+    fit_recipe(learn, epochs=1)
+    learn.path = tmp_path
+    learn.export('model.pkl')
+    back = load_learner(tmp_path / 'model.pkl')
+    img = small.valid.images[3]
+    label, idx, probs = back.predict(img)
+    ref = learn.model.eval()(small.normalize(img[None].float()))[0].softmax(-1)
+    assert label == small.classes[int(idx)] and torch.allclose(probs, ref, atol=1e-5)
+    assert back.dls.vocab == learn.dls.vocab and len(back.dls.train.dataset) == 0   # no data in the file
+    from fastai.interpret import ClassificationInterpretation
+    interp = ClassificationInterpretation.from_learner(learn)
+    assert interp.confusion_matrix().sum() == len(small.valid)
+    import matplotlib; matplotlib.use('Agg')
+    learn.dls.show_batch(max_n=4); learn.show_results(max_n=4)
+
+
+def test_rpt_finds_the_vit_inside_vision_learner():
+    from fastai.vision.learner import vision_learner
+    from pe_anchors.callback.permute import find_vit
+    d = digits()
+    from fastai.losses import CrossEntropyLossFlat
+    learn = vision_learner(d.dls(bs=32, device='cpu'), 'vit_tiny_patch16_224', pretrained=False, img_size=16,
+                           patch_size=4, n_out=10, loss_func=CrossEntropyLossFlat(), cbs=[RPT(seed=0)])
+    vit = find_vit(learn.model)
+    assert hasattr(vit, 'patch_embed') and vit is not learn.model
+    with learn.no_bar(), learn.no_logging(): learn.fit(1, 1e-3)
+    assert learn.rpt.last_perm is not None and learn.rpt.last_perm.shape[-1] == 16
+
+
+def test_batch_jobs_log_one_line_per_epoch(small, capsys, monkeypatch):
+    monkeypatch.delenv('PE_ANCHORS_QUIET', raising=False)
+    learn = pe_learner(small, 'ape', epochs=2, bs=64, model_kwargs=dict(depth=1), device='cpu')   # show_progress=None
+    fit_recipe(learn)
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('epoch ')]
+    assert len(lines) == 2 and 'accuracy' in lines[0] and 'valid_loss' in lines[1]
+
+
+def test_pretrained_cfg_carries_the_training_statistics(small, tmp_path):
+    from timm.data import resolve_model_data_config
+    learn = pe_learner(small, 'ape', run_dir=tmp_path / 'run', **FAST)
+    fit_recipe(learn, epochs=1)
+    cfg = resolve_model_data_config(learn.model)
+    assert cfg['mean'] == tuple(small.mean) and cfg['std'] == tuple(small.std) and cfg['input_size'] == (3, 16, 16)
+    back = load_checkpoint(tmp_path / 'run' / 'model.safetensors')
+    assert resolve_model_data_config(back)['mean'] == tuple(small.mean)
 
 
 def test_conditions_set_pe_and_rpt(small):
@@ -98,6 +167,7 @@ def test_interrupted_run_resumes_to_identical_weights(tmp_path, small, condition
     assert last_checkpoint(tmp_path / 'cut').name == 'epoch_001'
     assert not (tmp_path / 'cut' / 'final.json').exists()
     resumed = train(condition, small, run_dir=tmp_path / 'cut', **kw)
+    assert resumed['learn'].resume_epoch == 2                                   # from the checkpoint, not from scratch
     wf, wr = _weights(full), _weights(resumed)
     assert all(torch.equal(wf[k], wr[k]) for k in wf)
     rows = lambda p: [{k: v for k, v in r.items() if k not in ('time_s', 'train_img_s')}
@@ -112,7 +182,8 @@ def test_interrupted_run_resumes_to_identical_weights(tmp_path, small, condition
 def test_run_directory_layout(tmp_path, small):
     res = train('ape', small, run_dir=tmp_path, epochs=2, **FAST)
     files = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob('*') if p.is_file()}
-    assert files == {'config.json', 'metrics.csv', 'model.safetensors', 'final.json',
+    assert files == {'config.json', 'metrics.csv', 'model.safetensors', 'final.json', '.lock',   # two checkpoints kept
+                     'checkpoints/epoch_000/model.safetensors', 'checkpoints/epoch_000/state.pt',
                      'checkpoints/epoch_001/model.safetensors', 'checkpoints/epoch_001/state.pt'}
     cfg = json.loads((tmp_path / 'config.json').read_text())
     assert cfg['condition'] == 'ape' and cfg['pe'] == 'ape' and cfg['rpt'] is False and cfg['seed'] == 0
@@ -154,14 +225,6 @@ def test_ddp_two_process_gloo(tmp_path):
     init = pe_learner('digits', 'rpt', model_kwargs=dict(depth=1), show_progress=False).model.state_dict()
     assert not torch.equal(init['head.weight'], r0['sd']['head.weight'])        # and training happened
     assert r0['acc'] == r1['acc'] and (tmp_path / 'run' / 'final.json').exists()
-
-
-def test_bench_train_reports_all_paths():
-    df = bench_train('pe_vit_nano_patch1_8', bs=16, steps=2, warmup=1, pes=('ape', 'rope'),
-                     model_kwargs=dict(depth=1), verbose=False)
-    assert list(df.path) == ['plain', 'learner', 'learner', 'learner']
-    assert list(df.rpt) == [False, False, True, False] and list(df.pe) == ['ape', 'ape', 'ape', 'rope']
-    assert (df.img_s > 0).all() and df.vs_plain[0] == 1.0 and df.vs_learner_ape[1] == 1.0
 
 
 @pytest.mark.cuda

@@ -11,7 +11,7 @@ from pe_anchors.mech.position import (POSITION_TARGETS, PositionProbe, fit_posit
                                     knockout_mask, layer_tokens, permutation_sensitivity, position_labels,
                                     position_removed, retention, rope_knockout, rotary_axes, split_images,
                                     withheld_retention)
-from pe_anchors.vit import Recorder
+from pe_anchors.vit import TokenRecorder
 
 ROWS_4 = [2, 0, 3, 1]
 COLS_4 = [1, 3, 0, 2]
@@ -78,7 +78,7 @@ def test_layer_tokens_matches_recorder():
     torch.manual_seed(0)
     m = timm.create_model('pe_vit_nano_patch1_8', pe='ape', num_classes=10).eval()
     x = torch.randn(6, 3, 8, 8)
-    with torch.no_grad(), Recorder(m, 'resid', layers=[2]) as rec:
+    with torch.no_grad(), TokenRecorder(m, 'resid', layers=[2]) as rec:
         m(x)
         want = rec.patch_tokens('resid')[0]
     got = layer_tokens(m, [x[:4], x[4:]], layer=2, point='resid')

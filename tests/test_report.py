@@ -34,7 +34,7 @@ def test_verdicts_detect_each_broken_claim(df):
     flips = {
         0: lambda d: d.assign(value=np.where((d.condition == 'nope') & (d['mode'] == 'rpi'), .2, d.value)),
         4: lambda d: d.assign(value=np.where((d.condition == 'rope') & (d['mode'] == 'rpi') & (d.layer == 0), .3, d.value)),
-        7: lambda d: d.assign(value=np.where((d.condition == 'nope') & (d.metric == 'fs'), 0., d.value)),
+        7: lambda d: d.assign(value=np.where((d.condition == 'nope') & (d.metric == 'fs'), .2, d.value)),  # below APE
         11: lambda d: d.assign(value=np.where((d.get('sweep') == 'alpha') & (d.metric == 'delta_ssdc'), .3, d.value)),
     }
     for i, f in flips.items(): assert verdicts(f(df.copy())).loc[i, 'verdict'] == 'no', i
@@ -52,3 +52,31 @@ def test_write_report(tmp_path, df):
 
 def test_md_table():
     assert md_table(pd.DataFrame({'a': [1], 'b': ['x|y']})) == '| a | b |\n|---|---|\n| 1 | x\\|y |'
+
+
+def test_verdicts_check_preconditions_and_noise(df):
+    # an APE that never anchored: the alpha claims cannot "collapse" anything, whatever the sweep looks like
+    flat = df.assign(value=np.where((df.get('sweep') == 'alpha') & (df.metric == 'delta_ssdc'), .02, df.value))
+    v = verdicts(flat)
+    assert list(v.loc[[11, 12], 'verdict']) == ['not testable'] * 2 and 'not anchored at α = 1' in v.loc[11, 'ours']
+    # NoPE and APE fragility within each other's seed spread: neither yes nor no
+    fs_ape = df[(df.metric == 'fs') & (df.condition == 'ape') & df['sweep'].isna()].set_index(['seed', 'shift'])['value']
+    close = df.copy()
+    m = (close.metric == 'fs') & (close.condition == 'nope') & close['sweep'].isna()
+    close.loc[m, 'value'] = [fs_ape[(s, k)] + .001 for s, k in zip(close.loc[m, 'seed'], close.loc[m, 'shift'])]
+    assert verdicts(close).loc[7, 'verdict'] == 'inconclusive'
+    # a shift that does nothing: fragility claims are not testable
+    quiet = df.assign(value=np.where((df.metric == 'fs') & df['sweep'].isna(), 0., df.value))
+    assert set(verdicts(quiet).loc[[7, 8, 9], 'verdict']) == {'not testable'}
+
+
+def test_single_seed_noise_is_the_binomial_standard_error():
+    from pe_anchors.report import _acc_measure, _fs_measure
+    one = synthetic_results(seeds=(0,))
+    a = _acc_measure(one, 'ape')
+    assert a.n_seeds == 1 and a.spread == pytest.approx(np.sqrt(a.mean * (1 - a.mean) / 5000))
+    f = _fs_measure(one, 'ape')
+    d = one[(one.condition == 'ape') & one['sweep'].isna() & (one.metric == 'acc')].set_index('shift')['value']
+    As, Ac = d['jpeg'], d['clean']
+    se = lambda p: np.sqrt(p * (1 - p) / 5000)
+    assert f.spread == pytest.approx(np.sqrt(se(As) ** 2 / Ac ** 2 + As ** 2 * se(Ac) ** 2 / Ac ** 4))

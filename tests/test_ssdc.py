@@ -11,10 +11,9 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 from hypothesis.extra.numpy import arrays
 
 from pe_anchors.pos_embed import sincos_2d
-from pe_anchors.vit import PEViT, Recorder
+from pe_anchors.vit import PEViT, TokenRecorder
 from pe_anchors.ssdc import (DISTANCES, grid_distance, upper_pairs, average_ranks, spearman, token_similarity,
-                             ssdc_from_similarity, ssdc, ssdc_per_image, SSDCAccumulator, ssdc_curve, bootstrap_ci,
-                             bench_ssdc)
+                             ssdc_from_similarity, ssdc, ssdc_per_image, SSDCAccumulator, ssdc_curve, bootstrap_ci)
 
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -215,7 +214,7 @@ def test_ssdc_curve_matches_recorded_features(pe):
     x = smooth_images(12)
     acc = ssdc_curve(m, [(x[:5], 0), (x[5:], 0)], per_image=True)
     m.eval()
-    with torch.no_grad(), Recorder(m, 'ln1') as rec: m(x)
+    with torch.no_grad(), TokenRecorder(m, 'ln1') as rec: m(x)
     feats = rec.patch_tokens('ln1')                                           # (3, 12, 64, 32): LN1 input of each block
     np.testing.assert_allclose(acc.compute().numpy(), brute_force(feats, (8, 8))[0], atol=1e-6)
     np.testing.assert_allclose(acc.image_values().numpy(), ssdc_per_image(feats, 8).numpy(), atol=1e-9)
@@ -263,14 +262,6 @@ def test_bad_input_errors():
     acc.update(torch.randn(2, 3, 6, 4))
     with pytest.raises(ValueError, match='expected 2'): acc.update(torch.randn(3, 3, 6, 4))
     with pytest.raises(ValueError, match='per_image=True'): acc.image_values()
-
-
-def test_bench_runs_small_and_paths_agree(capsys):
-    r = bench_ssdc(n_images=10, n_tokens=16, n_layers=2, dim=8, batch_size=4)
-    out = capsys.readouterr().out
-    assert 'speed-up' in out and 'naive' in out and r['max_abs_diff'] < 1e-5
-    assert r['mem_keep_all_features_mb'] > 0 and r['n_images'] == 10
-    with pytest.raises(ValueError, match='not square'): bench_ssdc(n_tokens=20, verbose=False)
 
 
 @pytest.mark.cuda

@@ -39,7 +39,7 @@ def block_index(model: nn.Module, layer: int) -> int:
 def layer_tokens(model: nn.Module,
                  batches: Iterable,             # image batches: tensors or tuples (x, y, ...)
                  layer: int,                    # block index (negative counts from the end)
-                 point: str = 'ln1',            # `Recorder` tap point: 'ln1', 'resid' or 'block'
+                 point: str = 'ln1',            # `TokenRecorder` tap point: 'ln1', 'resid' or 'block'
                  max_images: int | None = None,
                  show_progress: bool | None = None,
                 ) -> torch.Tensor:              # (I, N, C) float32 on the CPU
