@@ -28,7 +28,7 @@ __all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD'
 
 # %% ../nbs/03_data.ipynb #c07fe4ea
 # ImageNet-100 as defined by the CMC paper's class file: Tian, Krishnan & Isola, "Contrastive Multiview Coding",
-# arXiv 1906.05849 (2019), imagenet100.txt of the authors' release; order as in that file (SPEC.md section 2).
+# arXiv 1906.05849 (2019), imagenet100.txt of the authors' release; order as in that file (protocol page §2).
 IMAGENET100_WNIDS = tuple("""
 n02869837 n01749939 n02488291 n02107142 n13037406 n02091831 n04517823 n04589890 n03062245 n01773797 n01735189
 n07831146 n07753275 n03085013 n04485082 n02105505 n01983481 n02788148 n03530642 n04435653 n02086910 n02859443

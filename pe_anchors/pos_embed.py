@@ -144,7 +144,7 @@ def rope_rotate(x: torch.Tensor,      # (..., N, D) queries or keys, D divisible
     return out.reshape(*lead, n_tok, d)
 
 def axial_frequencies(head_dim: int, theta: float = 10000.) -> torch.Tensor: # (head_dim/4,)
-    "theta_k = 1 / theta^(k/n), k = 0..n-1, n = head_dim/4 (`SPEC.md` §1)."
+    "theta_k = 1 / theta^(k/n), k = 0..n-1, n = head_dim/4 (protocol page §1)."
     n = head_dim // 4
     return 1. / theta ** (torch.arange(n, dtype=torch.float64) / n)
 

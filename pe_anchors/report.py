@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .core import PAPER_CONDITIONS, condition_label, condition_order
+from .core import PAPER_CONDITIONS, condition_label, condition_order, read_json, write_atomic
 from .paper import (PAPER_ALPHA, PAPER_LABEL, PAPER_RPI_RANGES, PAPER_SSDC, PAPER_TABLE5, PAPER_UNTRAINED_NOPE,
                               paper_curves, paper_table5)
 from .results import (alpha_rows, fragility_frame, load_results, main_rows, read_results, result_row,
@@ -22,7 +22,7 @@ from .plots import plot_fragility, plot_shift_curves, plot_ssdc
 
 # %% auto #0
 __all__ = ['seed_stats', 'fmt_mean_sd', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4', 'fig5', 'fig_alpha', 'fig_severity',
-           'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts', 'md_table', 'write_report']
+           'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts', 'md_table', 'report_meta', 'write_report']
 
 # %% ../nbs/10_report.ipynb #f43f2357
 #| export
@@ -79,10 +79,21 @@ def _subset(df, conditions=None, stage='trained'):
     if conditions is not None: d = d[d['condition'].isin(conditions)]
     return d[d['stage'].isin([stage] if isinstance(stage, str) else stage)]
 
-def _has(df, **kw) -> bool:
-    d = main_rows(df)
-    for k, v in kw.items(): d = d[d[k].isin(v if isinstance(v, (list, tuple)) else [v])]
+def _has(df, all_rows: bool = False, **kw) -> bool:
+    "Whether the table has rows with these column values (main rows only, unless `all_rows`)."
+    d = df if all_rows else main_rows(df)
+    for k, v in kw.items():
+        if k not in d: return False
+        d = d[d[k].astype(str).isin([str(x) for x in (v if isinstance(v, (list, tuple)) else [v])])]
     return not d.empty
+
+def _panel(ax, draw, missing: str):
+    "Draw one panel; when the table lacks its rows, say so in the panel instead of failing the whole figure."
+    try: draw()
+    except (KeyError, ValueError):
+        ax.text(.5, .5, f"not measured in this experiment:\n{missing}", ha='center', va='center', fontsize=8,
+                transform=ax.transAxes, color='grey')
+        ax.set_xticks([]); ax.set_yticks([])
 
 def _depth(df) -> int:
     d = df[(df['metric'] == 'ssdc') & (df['layer'] >= 0)]
@@ -105,25 +116,30 @@ def _refs(mode: str, conditions, depth: int = 12) -> dict:
 def fig1(df: pd.DataFrame):
     "Fig. 1: (a) SSDC of the untrained NoPE model vs depth; (b) untrained NoPE vs trained NoPE vs trained APE."
     fig, (a, b) = _axes(2)
-    plot_ssdc(_subset(df, ['nope'], 'untrained'), ax=a, title='(a) untrained NoPE')
-    a.plot([0, _depth(df) - 1], PAPER_UNTRAINED_NOPE, 'k--', lw=1, label='NoPE untrained (paper, first/last layer)')
-    a.legend(fontsize=8)
+    def left():
+        plot_ssdc(_subset(df, ['nope'], 'untrained'), ax=a, title='(a) untrained NoPE')
+        a.plot([0, _depth(df) - 1], PAPER_UNTRAINED_NOPE, 'k--', lw=1, label='NoPE untrained (paper, first/last layer)')
+        a.legend(fontsize=8)
+    _panel(a, left, 'an untrained NoPE model')
     d = pd.concat([_subset(df, ['nope'], 'untrained'), _subset(df, ['nope', 'ape'], 'trained')])
-    plot_ssdc(d, ax=b, title='(b) static prior vs trained', references=None)
+    _panel(b, lambda: plot_ssdc(d, ax=b, title='(b) static prior vs trained'), 'NoPE / APE models')
     fig.tight_layout(); return fig
 
 def fig2(df: pd.DataFrame):
     "Fig. 2: SSDC under RPI, (a) APE, RoPE, SPE and (b) NoPE, RPT, with the paper's curves / ranges."
     fig, (a, b) = _axes(2, 5.6)
-    pes = [c for c in ('ape', 'rope', 'spe', 'rope_mixed') if _has(df, condition=c)]
-    plot_ssdc(_subset(df, pes), mode='rpi', ax=a, references=_refs('rpi', pes, _depth(df)), title='(a) RPI: PE models')
-    _legend_outside(a)
+    mode = _rpi_mode(df)
     blind = [c for c in ('nope', 'rpt') if _has(df, condition=c)]
-    plot_ssdc(_subset(df, blind), mode='rpi', ax=b, title='(b) RPI: NoPE and RPT')
-    for c in blind:
-        lo, hi = PAPER_RPI_RANGES[c]
-        b.axhspan(lo, hi, alpha=.15, color='grey')
-    b.text(.02, .95, 'grey: paper range', transform=b.transAxes, fontsize=7, va='top')
+    pes = [c for c in condition_order(main_rows(df)['condition']) if c not in blind]
+    def left():
+        plot_ssdc(_subset(df, pes), ssdc_metric(mode), mode, ax=a, references=_refs('rpi', pes, _depth(df)),
+                  title='(a) RPI: PE models'); _legend_outside(a)
+    _panel(a, left, 'a model with a PE')
+    def right():
+        plot_ssdc(_subset(df, blind), ssdc_metric(mode), mode, ax=b, title='(b) RPI: NoPE and RPT')
+        for c in blind: b.axhspan(*PAPER_RPI_RANGES[c], alpha=.15, color='grey')
+        b.text(.02, .95, 'grey: paper range', transform=b.transAxes, fontsize=7, va='top')
+    _panel(b, right, 'NoPE / RPT models')
     fig.tight_layout(); return fig
 
 def fig3(df: pd.DataFrame):
@@ -141,17 +157,20 @@ def fig3(df: pd.DataFrame):
 def fig4(df: pd.DataFrame):
     "Fig. 4: unpermuted SSDC of every trained condition vs depth, with the paper's curves."
     fig, (a,) = _axes(1, 6, 4)
-    conds = [c for c in ('ape', 'spe', 'rope', 'nope', 'rope_mixed') if _has(df, condition=c)]
-    plot_ssdc(_subset(df, conds), ax=a, references=_refs('normal', conds, _depth(df)), title='SSDC, unpermuted')
-    _legend_outside(a)
+    conds = [c for c in condition_order(main_rows(df)['condition']) if c != 'rpt']
+    def draw():
+        plot_ssdc(_subset(df, conds), ax=a, references=_refs('normal', conds, _depth(df)), title='SSDC, unpermuted')
+        _legend_outside(a)
+    _panel(a, draw, 'trained models')
     fig.tight_layout(); return fig
 
 def fig5(df: pd.DataFrame):
     "Fig. 5: the RPT model, unpermuted vs under RPI."
     fig, (a,) = _axes(1)
     d = _subset(df, ['rpt'])
-    d = d.assign(condition=np.where(d['mode'] == 'normal', 'RPT, unpermuted', 'RPT, RPI'), mode='normal')
-    plot_ssdc(d, ax=a, title='RPT: unpermuted vs RPI')
+    d = d[[m == ssdc_metric(md) if md in ('normal', 'rpi', 'rpi_image') else False for m, md in zip(d['metric'], d['mode'])]]
+    d = d.assign(metric='ssdc', condition=np.where(d['mode'] == 'normal', 'RPT, unpermuted', 'RPT, RPI'), mode='normal')
+    _panel(a, lambda: plot_ssdc(d, ax=a, title='RPT: unpermuted vs RPI'), 'an RPT model')
     fig.tight_layout(); return fig
 
 def fig_alpha(df: pd.DataFrame):
@@ -443,27 +462,37 @@ def _save(fig, dest: Path, name: str) -> str:
     plt.close(fig)
     return f"figures/{name}.png"
 
-def write_report(results: str | Path | pd.DataFrame,   # an experiment directory, a results.csv or a table
+def report_meta(path: str | Path) -> dict:
+    "What a report states besides the numbers, from an experiment directory or the `meta.json` beside a results CSV."
+    p = Path(path)
+    if p.is_file():
+        side = p.with_name('meta.json')
+        return read_json(side) if side.exists() else {}
+    meta = dict(experiment=read_json(p / 'experiment.json') if (p / 'experiment.json').exists() else None,
+                runs=[read_json(f) for f in sorted((p / 'runs').glob('*/run.json'))],
+                shifts=read_json(p / 'shifts.json') if (p / 'shifts.json').exists() else None)
+    if (p / 'ssdc_sample.json').exists():
+        s = read_json(p / 'ssdc_sample.json')
+        meta['ssdc_sample'] = {k: v for k, v in s.items() if k != 'indices'}
+    return meta
+
+def write_report(results: str | Path | pd.DataFrame,   # an experiment directory, a results CSV, or a table
                  dest: str | Path | None = None,       # default: `<experiment dir>/report`
                  title: str | None = None,
                 ) -> Path:
     "Regenerate the paper's figures and tables from an experiment, with verdicts; returns the report's markdown path."
     import matplotlib
     matplotlib.use('Agg', force=False) if not matplotlib.get_backend().lower().startswith('module://') else None
-    exp, runs = None, []
+    meta = {}
     if isinstance(results, pd.DataFrame): df = results
     else:
         p = Path(results)
-        if p.is_dir():
-            df = load_results(p)                                   # read-only: the report never writes the runs
-            if (p / 'experiment.json').exists(): exp = json.loads((p / 'experiment.json').read_text())
-            runs = [json.loads(f.read_text()) for f in sorted((p / 'runs').glob('*/run.json'))]
-            if dest is None: dest = p / 'report'
-        elif p.exists(): df = read_results(p)
-        else: raise FileNotFoundError(f"no experiment directory or results file at {p}")
-    if dest is None: raise ValueError("dest is needed when results is a table")
+        df, meta = load_results(p), report_meta(p)               # read-only: the report never writes the runs
+        if dest is None and p.is_dir(): dest = p / 'report'
+    if dest is None: raise ValueError("dest is needed when results is a table or a CSV")
+    exp, runs = meta.get('experiment'), meta.get('runs') or []
     dest = Path(dest); (dest / 'figures').mkdir(parents=True, exist_ok=True)
-    name = title or (exp or {}).get('name') or str(df['dataset'].iloc[0])
+    name = title or (exp or {}).get('name') or str(df['experiment'].iloc[0] if 'experiment' in df else df['dataset'].iloc[0])
     b = [('h1', f"pe_anchors report: {name}")]
     seeds = sorted(int(s) for s in df['seed'].unique())
     setting = f"{len(condition_order(df['condition']))} conditions × {len(seeds)} seed(s) {seeds}"
@@ -472,9 +501,8 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
         setting += (f"; data {exp['data']}{f' ({where})' if where else ''}, model {exp['model'] or 'default for the image size'}, "
                     f"recipe {exp['recipe']} {exp['train_kwargs']}; SSDC over {exp['ssdc_images']} images, "
                     f"RPI averaged over {exp['n_perms']} permutation draws ({exp['rpi_mode']})")
-    sample = Path(results) / 'ssdc_sample.json' if not isinstance(results, pd.DataFrame) else None
-    if sample is not None and sample.exists():
-        s = json.loads(sample.read_text())
+    s = meta.get('ssdc_sample')
+    if s:
         setting += (f"; the SSDC images are a class-stratified sample (seed {s['seed']}, {min(s['per_class'])}–"
                     f"{max(s['per_class'])} per class, indices sha1 {s['sha1'][:12]}), the same for every run")
     b.append(('p', f"Setting: {setting}."))
@@ -493,17 +521,20 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
             ('Figure 5: RPT', 'fig5', fig5, dict(condition='rpt', mode='rpi'))]
     b.append(('h2', 'Table 5: accuracy and fragility'))
     b.append(('table', table5(df)) if _has(df, metric='fs') else ('p', 'not measured'))
-    if not isinstance(results, pd.DataFrame) and (Path(results) / 'shifts.json').exists():
-        shifts = json.loads((Path(results) / 'shifts.json').read_text())
-        b.append(('p', 'Shifts at this resolution: ' + '; '.join(f"{k}: {v}" for k, v in shifts.items()) + '.'))
+    if meta.get('shifts'):
+        b.append(('p', 'Shifts at this resolution: ' + '; '.join(f"{k}: {v}" for k, v in meta['shifts'].items()) + '.'))
     for c, label in (('ape', 'Tables 1 and 3: α sweep, APE'), ('spe', 'Table 4: α sweep, SPE')):
         if not alpha_rows(df)[lambda d: d['condition'] == c].empty: b += [('h2', label), ('table', table_alpha(df, c))]
+    figs += [('α sweep', 'fig_alpha', fig_alpha, dict(sweep='alpha')),
+             ('ImageNet-C severities', 'fig_severity', fig_severity, dict(severity=[str(i) for i in range(1, 6)]))]
     for heading, fname, fn, need in figs:
-        if _has(df, **need): b += [('h2', heading), ('img', _save(fn(df), dest / 'figures', fname))]
-    if not alpha_rows(df).empty: b += [('h2', 'α sweep'), ('img', _save(fig_alpha(df), dest / 'figures', 'fig_alpha'))]
-    if (df['severity'].astype(str).isin([str(i) for i in range(1, 6)])).any():
-        b += [('h2', 'ImageNet-C severities'), ('img', _save(fig_severity(df), dest / 'figures', 'fig_severity'))]
+        if not _has(df, **need, all_rows=True): continue
+        try: b += [('h2', heading), ('img', _save(fn(df), dest / 'figures', fname))]
+        except (KeyError, ValueError) as e:                       # a subset of conditions: say what is missing
+            import matplotlib.pyplot as plt; plt.close('all')
+            b += [('p', f"not drawn: {e}")]
     md, page = _render(b)
-    (dest / 'report.md').write_text(md); (dest / 'report.html').write_text(page)
-    df.to_csv(dest / 'results.csv', index=False)
+    write_atomic(dest / 'report.md', md); write_atomic(dest / 'report.html', page)
+    write_results(df, dest / 'results.csv')
+    write_atomic(dest / 'meta.json', json.dumps(meta, indent=2, default=str))
     return dest / 'report.md'

@@ -80,3 +80,24 @@ def test_single_seed_noise_is_the_binomial_standard_error():
     As, Ac = d['jpeg'], d['clean']
     se = lambda p: np.sqrt(p * (1 - p) / 5000)
     assert f.spread == pytest.approx(np.sqrt(se(As) ** 2 / Ac ** 2 + As ** 2 * se(Ac) ** 2 / Ac ** 4))
+
+
+@pytest.mark.parametrize('conds', [['ape'], ['nope'], ['rpt'], ['rope', 'spe'], ['nope', 'rpt'], ['ape', 'rpt']])
+def test_report_on_subsets_of_conditions(tmp_path, df, conds):
+    # every figure, table and verdict is drawn from what exists; what is missing is said, not crashed on
+    p = write_report(df[df.condition.isin(conds)], tmp_path, title='subset')
+    text = p.read_text()
+    assert 'Verdicts' in text and (tmp_path / 'results.csv').exists()
+    assert 'n/a' in text                                                    # claims about absent conditions
+
+
+def test_report_from_a_csv_with_its_meta(tmp_path, df):
+    from pe_anchors.results import write_results
+    import json
+    write_results(df, tmp_path / 'r' / 'results.csv')
+    (tmp_path / 'r' / 'meta.json').write_text(json.dumps(dict(
+        experiment=dict(name='from-csv', data='cifar10', data_kwargs=dict(path='/secret/place/cifar.npz'), model='m',
+                        recipe='fast', train_kwargs={}, ssdc_images=10, n_perms=2, rpi_mode='rpi'),
+        runs=[dict(hardware='CPU x', train_and_init_s=60., eval_s=30.)])))
+    text = write_report(tmp_path / 'r' / 'results.csv', tmp_path / 'out').read_text()
+    assert 'from-csv' in text and 'cifar.npz' in text and '/secret/place' not in text and 'CPU x' in text
