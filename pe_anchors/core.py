@@ -13,9 +13,9 @@ import torch
 from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'PAPER_CONDITIONS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'image_rng',
-           'condition_spec', 'condition_label', 'condition_order', 'show_progress', 'pbar', 'hardware_info',
-           'write_atomic', 'read_json', 'RunLock']
+__all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'PAPER_CONDITIONS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
+           'image_rng', 'condition_spec', 'condition_label', 'condition_order', 'show_progress', 'pbar',
+           'hardware_info', 'write_atomic', 'read_json', 'RunLock']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -64,7 +64,13 @@ CONDITIONS = {
     'rope':       dict(pe='rope',       rpt=False, label='RoPE'),
     'rpt':        dict(pe='ape',        rpt=True,  label='RPT'),
     'rope_mixed': dict(pe='rope_mixed', rpt=False, label='RoPE-Mixed'),
+    'rpb':        dict(pe='rpb',        rpt=False, label='RPB'),
+    'ape_rope':   dict(pe='ape_rope',   rpt=False, label='APE+RoPE'),
+    'rope_dinov3': dict(pe='rope_dinov3', rpt=False, label='RoPE-DINOv3'),
+    'peg':        dict(pe='peg',        rpt=False, label='PEG'),
+    'alibi':      dict(pe='alibi',      rpt=False, label='ALiBi'),
 }
+EXTENSION_CONDITIONS = ('rope_mixed', 'rpb', 'ape_rope', 'rope_dinov3', 'peg', 'alibi')   # beyond the paper
 PAPER_CONDITIONS = ('ape', 'spe', 'rope', 'nope', 'rpt')  # the five conditions of the paper, in its table order
 
 def condition_spec(name: str) -> dict:

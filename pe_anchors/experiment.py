@@ -100,7 +100,8 @@ class Experiment:
 # %% ../nbs/09_experiment.ipynb #08823676
 PRESETS = {
     'digits': dict(name='digits', data='digits', data_kwargs=dict(background=64),
-                   train_kwargs=dict(epochs=15, bs=32, lr=2e-3, pe_lr_mult=10), ssdc_images=360, shift_ref_size=64),
+                   train_kwargs=dict(epochs=12, bs=32, lr=2e-3, pe_lr_mult=20), ssdc_images=360, shift_ref_size=64,
+                   alphas=[1., .8, .6, .4, .2]),
     'cifar10': dict(name='cifar10', data='cifar10', model='pe_vit_tiny_patch4_32',
                     train_kwargs=dict(epochs=20, bs=512, lr=2e-3), ssdc_images=1000),
     'cifar10-cpu': dict(name='cifar10-cpu', data='cifar10', model='pe_vit_nano_patch4_32',

@@ -16,13 +16,16 @@ from .core import grid_hw, grid_coords, check_choice
 
 # %% auto #0
 __all__ = ['PE_NAMES', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_rotate', 'axial_frequencies',
-           'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed', 'create_pos_embed']
+           'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed', 'RelPosBias2D', 'alibi_slopes', 'ALiBi2D', 'PEG',
+           'dinov3_periods', 'RoPEDinoV3', 'APERoPE', 'create_pos_embed']
 
 # %% ../nbs/01_pos_embed.ipynb #a933464a
 class PosEmbed(nn.Module):
     "Base class: a positional encoding for `num_prefix_tokens` prefix tokens followed by an `H x W` grid of patch tokens."
     additive: bool = False # adds a vector to the tokens once, before the blocks
     rotary: bool = False   # rotates q and k inside every attention layer
+    biased: bool = False   # adds a bias to the attention logits of every layer
+    mixing: bool = False   # transforms the tokens between blocks (a conditional PE)
     def __init__(self,
                  grid_size: int | Sequence[int], # `H` or `(H, W)` patch grid
                  num_prefix_tokens: int = 1,      # tokens before the patches (CLS); never given a grid position
@@ -70,6 +73,18 @@ class PosEmbed(nn.Module):
         "Rotate per-head queries and keys `(B, H, P+N, D)` of block `layer` (identity for additive PEs)."
         return q, k
 
+    def attn_bias(self, layer: int = 0) -> torch.Tensor | None: # (1, H, P+N, P+N) or None
+        "The additive attention-logit bias of block `layer` (None: no bias)."
+        return None
+
+    def after_block(self, x: torch.Tensor, layer: int) -> torch.Tensor: # (B, P+N, C)
+        "Transform the tokens leaving block `layer` (identity unless the PE is conditional, e.g. `PEG`)."
+        return x
+
+    def set_grid_size(self, grid_size: int | Sequence[int]):
+        "Adapt to a new patch grid (another input resolution); tables are resampled or recomputed."
+        self.grid_size = grid_hw(grid_size); self.num_patches = self.grid_size[0] * self.grid_size[1]
+
     def extra_repr(self) -> str:
         return f"grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}, alpha={self.alpha}"
 
@@ -96,6 +111,16 @@ class LearnedAPE(PosEmbed):
         return x + self.alpha * self.table().to(x.dtype)
 
     def no_weight_decay(self) -> set[str]: return {'pos_embed'}
+
+    def set_grid_size(self, grid_size):
+        "Resample the learned patch rows to a new grid (timm's `resample_abs_pos_embed`); prefix rows are kept."
+        old = self.grid_size
+        super().set_grid_size(grid_size)
+        if self.grid_size == old: return
+        from timm.layers import resample_abs_pos_embed
+        with torch.no_grad():
+            t = resample_abs_pos_embed(self.pos_embed.data, list(self.grid_size), list(old), self.num_prefix_tokens)
+        self.pos_embed = nn.Parameter(t)
 
 # %% ../nbs/01_pos_embed.ipynb #02a5d4ed
 def sincos_2d(grid_size, embed_dim: int, temperature: float = 10000.) -> torch.Tensor: # (H*W, embed_dim)
@@ -128,6 +153,11 @@ class SinCos2D(PosEmbed):
         return x + self.alpha * self.table().to(x.dtype)
 
     def no_weight_decay(self) -> set[str]: return {'prefix_pos'} if self.prefix_pos is not None else set()
+
+    def set_grid_size(self, grid_size):
+        "Recompute the fixed table for a new grid."
+        super().set_grid_size(grid_size)
+        self.grid_table = sincos_2d(self.grid_size, self.embed_dim, self.temperature)[None].to(self.grid_table.device)
 
 # %% ../nbs/01_pos_embed.ipynb #932abf5a
 def rope_rotate(x: torch.Tensor,      # (..., N, D) queries or keys, D divisible by 4
@@ -220,6 +250,11 @@ class RoPE2D(_Rotary):
 
     def base_angles(self, layer: int = 0): return self.freqs_angles
 
+    def set_grid_size(self, grid_size):
+        "Recompute the rotation angles for a new grid (the frequencies do not depend on it)."
+        super().set_grid_size(grid_size)
+        self.freqs_angles = axial_angles(self.grid_size, self.head_dim, self.theta)[None].to(self.freqs_angles.device)
+
 # %% ../nbs/01_pos_embed.ipynb #9ef23805
 def mixed_frequencies(head_dim: int, num_heads: int, depth: int, theta: float = 10.) -> torch.Tensor:
     "Initial RoPE-Mixed frequencies `(depth, 2, num_heads, head_dim/2)` (axis x/y): magnitudes along random head angles."
@@ -246,8 +281,176 @@ class RoPEMixed(_Rotary):
 
     def no_weight_decay(self) -> set[str]: return {'freqs'}
 
+    def set_grid_size(self, grid_size):
+        "New grid coordinates (the learned frequencies apply to any grid)."
+        super().set_grid_size(grid_size)
+        self.coords = grid_coords(self.grid_size, dtype=torch.float32, device=self.coords.device)
+
+# %% ../nbs/01_pos_embed.ipynb #45ce9410
+class RelPosBias2D(PosEmbed):
+    "Learned relative position bias (Swin / BEiT): per block and head, one value per 2D offset; BEiT's CLS entries."
+    biased = True
+    def __init__(self, grid_size, num_heads: int, depth: int = 1, num_prefix_tokens: int = 1,
+                 shared: bool = False):           # one table for all blocks (BEiT's shared variant) instead of one each
+        super().__init__(grid_size, num_prefix_tokens)
+        if self.num_prefix_tokens > 1: raise ValueError(f"RelPosBias2D handles at most one prefix (CLS) token, got {num_prefix_tokens}")
+        from timm.layers import RelPosBias
+        self.num_heads, self.depth, self.shared = num_heads, depth, shared
+        self.tables = nn.ModuleList([RelPosBias(self.grid_size, num_heads, prefix_tokens=self.num_prefix_tokens)
+                                     for _ in range(1 if shared else depth)])
+
+    def attn_bias(self, layer: int = 0) -> torch.Tensor: # (1, H, P+N, P+N)
+        return self.alpha * self.tables[0 if self.shared else layer].get_bias()
+
+    def no_weight_decay(self) -> set[str]:
+        return {f'tables.{i}.relative_position_bias_table' for i in range(len(self.tables))}
+
+    def set_grid_size(self, grid_size):
+        "Resize every bias table to a new grid (timm's `resize_rel_pos_bias_table`, through `RelPosBias.set_window_size`)."
+        super().set_grid_size(grid_size)
+        for t in self.tables: t.set_window_size(self.grid_size)
+
+def alibi_slopes(num_heads: int) -> torch.Tensor: # (num_heads,)
+    "ALiBi's geometric head slopes, 2^(-8 h / H) for h = 1..H."
+    return 2. ** (-8. * torch.arange(1, num_heads + 1, dtype=torch.float32) / num_heads)
+
+class ALiBi2D(PosEmbed):
+    "Fixed attention bias -slope_h * (2D Euclidean grid distance between the tokens); no bias to or from the CLS token."
+    biased = True
+    def __init__(self, grid_size, num_heads: int, num_prefix_tokens: int = 1, slopes: torch.Tensor | None = None):
+        super().__init__(grid_size, num_prefix_tokens)
+        self.num_heads = num_heads
+        self.register_buffer('slopes', alibi_slopes(num_heads) if slopes is None else torch.as_tensor(slopes, dtype=torch.float32),
+                             persistent=False)
+        self.register_buffer('distance', self._distance(), persistent=False)
+
+    def _distance(self) -> torch.Tensor: # (N, N)
+        rc = grid_coords(self.grid_size, dtype=torch.float32)
+        return torch.cdist(rc, rc)
+
+    def attn_bias(self, layer: int = 0) -> torch.Tensor: # (1, H, P+N, P+N)
+        p, n = self.num_prefix_tokens, self.num_patches
+        b = torch.zeros(1, self.num_heads, p + n, p + n, device=self.distance.device, dtype=self.distance.dtype)
+        b[:, :, p:, p:] = -self.slopes[:, None, None] * self.distance
+        return self.alpha * b
+
+    def set_grid_size(self, grid_size):
+        super().set_grid_size(grid_size)
+        self.distance = self._distance().to(self.slopes.device)
+
+# %% ../nbs/01_pos_embed.ipynb #cd5b47c4
+class PEG(PosEmbed):
+    "Conditional PE (CPVT): depthwise k x k convolution over the token grid after block `after`, added to the tokens."
+    mixing = True
+    def __init__(self, grid_size, embed_dim: int, num_prefix_tokens: int = 1, kernel_size: int = 3, after: int = 0):
+        super().__init__(grid_size, num_prefix_tokens)
+        if kernel_size < 1 or kernel_size % 2 == 0: raise ValueError(f"PEG kernel_size must be odd, got {kernel_size}")
+        self.embed_dim, self.kernel_size, self.after = embed_dim, kernel_size, after
+        # the shape of timm's Twins `PosConv.proj` (a depthwise conv with bias), with zero padding at the border
+        self.proj = nn.Conv2d(embed_dim, embed_dim, kernel_size, padding=kernel_size // 2, groups=embed_dim)
+
+    def after_block(self, x: torch.Tensor, layer: int) -> torch.Tensor: # (B, P+N, C)
+        if layer != self.after: return x
+        p, (h, w) = self.num_prefix_tokens, self.grid_size
+        B, T, C = x.shape
+        if T - p != h * w: raise ValueError(f"PEG expects {h}x{w} patch tokens after {p} prefix tokens, got {T - p}")
+        g = x[:, p:].transpose(1, 2).reshape(B, C, h, w)
+        y = self.proj(g).flatten(2).transpose(1, 2)                       # (B, N, C)
+        return torch.cat([x[:, :p], x[:, p:] + self.alpha * y], dim=1)
+
+    def no_weight_decay(self) -> set[str]: return {'proj.weight'}         # as timm's PosConv
+
+# %% ../nbs/01_pos_embed.ipynb #8cd0852d
+def dinov3_periods(head_dim: int, temperature: float = 100.) -> torch.Tensor: # (head_dim/4,)
+    "DINOv3's RoPE periods, temperature^(2k / (head_dim/2)) for k = 0..head_dim/4 - 1."
+    n = head_dim // 4
+    return temperature ** (2. * torch.arange(n, dtype=torch.float32) / (head_dim // 2))
+
+class RoPEDinoV3(_Rotary):
+    "RoPE on coordinates normalised to [-1, 1] (DINOv3), randomly shifted / jittered / rescaled while training."
+    def __init__(self, grid_size, head_dim: int, num_heads: int, depth: int = 1, num_prefix_tokens: int = 1,
+                 temperature: float = 100.,
+                 shift: float | None = None,    # add U(-shift, shift) to each axis' coordinates
+                 jitter: float | None = None,   # multiply each axis by a log-uniform factor in [1/jitter, jitter]
+                 rescale: float | None = 2.,    # multiply both axes by a log-uniform factor in [1/rescale, rescale]
+                ):
+        super().__init__(grid_size, head_dim, num_heads, depth, num_prefix_tokens)
+        self.temperature, self.shift, self.jitter, self.rescale = temperature, shift, jitter, rescale
+        self.register_buffer('periods', dinov3_periods(head_dim, temperature), persistent=False)
+        self.register_buffer('coords', self._coords(), persistent=False)
+        self._aug = None                                                  # this forward pass's coordinate transform
+
+    def _coords(self) -> torch.Tensor: # (N, 2) (row, col), 0.5-centred, each axis mapped to [-1, 1]
+        (h, w), rc = self.grid_size, grid_coords(self.grid_size, dtype=torch.float32)
+        return 2. * (rc + .5) / torch.tensor([h, w], dtype=torch.float32) - 1.
+
+    def forward(self, x):
+        "Draw this pass's coordinate augmentation (training only; the same for every block of the pass)."
+        self.check_tokens(x.shape[1])
+        self._aug = self._draw() if self.training else None
+        return x
+
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not (self.shift or self.jitter or self.rescale): return None
+        scale, offset = torch.ones(2), torch.zeros(2)
+        if self.shift: offset = torch.empty(2).uniform_(-self.shift, self.shift)
+        if self.jitter: scale = scale * torch.empty(2).uniform_(-math.log(self.jitter), math.log(self.jitter)).exp()
+        if self.rescale: scale = scale * torch.empty(1).uniform_(-math.log(self.rescale), math.log(self.rescale)).exp()
+        return scale, offset
+
+    def base_angles(self, layer: int = 0) -> torch.Tensor: # (1, N, head_dim/2): column planes, then row planes
+        c = self.coords
+        if self._aug is not None and self.training:
+            scale, offset = (t.to(c.device) for t in self._aug)
+            c = c * scale + offset
+        a = 2 * math.pi * c[:, :, None] / self.periods                   # (N, 2, n): row angles, column angles
+        return torch.cat([a[:, 1], a[:, 0]], dim=-1)[None]
+
+    def set_grid_size(self, grid_size):
+        super().set_grid_size(grid_size)
+        self.coords = self._coords().to(self.periods.device)
+
+# %% ../nbs/01_pos_embed.ipynb #9c94a88c
+class APERoPE(RoPE2D):
+    "A learned absolute table and axial 2D RoPE together (EVA-02); `alpha` scales both, `alpha_ape` / `alpha_rope` each."
+    additive = True
+    def __init__(self, grid_size, embed_dim: int, head_dim: int, num_heads: int, depth: int = 1,
+                 num_prefix_tokens: int = 1, theta: float = 10000., std: float = .02):
+        super().__init__(grid_size, head_dim, num_heads, depth, num_prefix_tokens, theta)
+        self.ape = LearnedAPE(grid_size, embed_dim, num_prefix_tokens, std)
+
+    @property
+    def alpha(self) -> float: return self._alpha
+    @alpha.setter
+    def alpha(self, value: float):
+        PosEmbed.alpha.fset(self, value); self.ape.alpha = value
+    @property
+    def alpha_rope(self) -> float: return self._alpha
+    @alpha_rope.setter
+    def alpha_rope(self, value: float): PosEmbed.alpha.fset(self, value)
+    @property
+    def alpha_ape(self) -> float: return self.ape.alpha
+    @alpha_ape.setter
+    def alpha_ape(self, value: float): self.ape.alpha = value
+
+    @contextmanager
+    def scaled(self, alpha: float, part: str | None = None):   # part: None (both), 'ape' or 'rope'
+        "Temporarily scale both parts (or one) by `alpha`, restoring both on exit."
+        old = self.alpha_ape, self.alpha_rope
+        if part in (None, 'ape'): self.alpha_ape = alpha
+        if part in (None, 'rope'): self.alpha_rope = alpha
+        check_choice('part', part, (None, 'ape', 'rope'))
+        try: yield self
+        finally: self.alpha_ape, self.alpha_rope = old
+
+    def table(self) -> torch.Tensor: return self.ape.table()
+    def forward(self, x): return self.ape(x)
+    def no_weight_decay(self) -> set[str]: return {'ape.pos_embed'}
+    def set_grid_size(self, grid_size):
+        super().set_grid_size(grid_size); self.ape.set_grid_size(grid_size)
+
 # %% ../nbs/01_pos_embed.ipynb #e7ee2c1b
-PE_NAMES = ('none', 'ape', 'spe', 'rope', 'rope_mixed')
+PE_NAMES = ('none', 'ape', 'spe', 'rope', 'rope_mixed', 'rpb', 'ape_rope', 'rope_dinov3', 'peg', 'alibi')
 
 def create_pos_embed(pe: str,               # one of `PE_NAMES`
                      grid_size,             # `H` or `(H, W)`
@@ -265,5 +468,9 @@ def create_pos_embed(pe: str,               # one of `PE_NAMES`
     if pe == 'none': return NoPE(grid_size, num_prefix_tokens)
     if pe == 'ape': return LearnedAPE(grid_size, embed_dim, num_prefix_tokens, **kwargs)
     if pe == 'spe': return SinCos2D(grid_size, embed_dim, num_prefix_tokens, **kwargs)
-    cls = RoPE2D if pe == 'rope' else RoPEMixed
+    if pe == 'rpb': return RelPosBias2D(grid_size, num_heads, depth, num_prefix_tokens, **kwargs)
+    if pe == 'alibi': return ALiBi2D(grid_size, num_heads, num_prefix_tokens, **kwargs)
+    if pe == 'peg': return PEG(grid_size, embed_dim, num_prefix_tokens, **kwargs)
+    if pe == 'ape_rope': return APERoPE(grid_size, embed_dim, head_dim, num_heads, depth, num_prefix_tokens, **kwargs)
+    cls = {'rope': RoPE2D, 'rope_mixed': RoPEMixed, 'rope_dinov3': RoPEDinoV3}[pe]
     return cls(grid_size, head_dim, num_heads, depth=depth, num_prefix_tokens=num_prefix_tokens, **kwargs)

@@ -83,10 +83,13 @@ class Attention(nn.Module):
         B, N, C = x.shape
         q, k, v = self._qkv(x).unbind(0)                          # (B, H, N, D)
         if pos_embed is not None and pos_embed.rotary: q, k = pos_embed.rotate(q, k, layer)
+        bias = pos_embed.attn_bias(layer) if pos_embed is not None and pos_embed.biased else None   # (1, H, N, N)
+        if bias is not None: bias = bias.to(q.dtype)
         if self.fused_attn:
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)
+            if bias is not None: attn = attn + bias
             x = self.attn_drop(attn.softmax(dim=-1)) @ v
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
 
@@ -111,7 +114,7 @@ class Block(nn.Module):
 
 # %% ../nbs/02_vit.ipynb #d4c20822
 class PEViT(nn.Module):
-    "Vision Transformer in which only the positional encoding `pe` varies (`'none'`, `'ape'`, `'spe'`, `'rope'`, `'rope_mixed'`)."
+    "Vision Transformer in which only the positional encoding `pe` varies (one of `pos_embed.PE_NAMES`)."
     def __init__(self,
                  img_size: int | Sequence[int] = 224,
                  patch_size: int = 16,
@@ -171,9 +174,8 @@ class PEViT(nn.Module):
             for m in self.modules():
                 if isinstance(m, (nn.Linear, nn.Conv2d, nn.LayerNorm, nn.BatchNorm2d)): m.reset_parameters()
             nn.init.normal_(self.cls_token)                          # torch.randn, as the released model
-            for name in ('pos_embed', 'prefix_pos'):                 # an nn.Embedding table there: N(0, 1)
-                t = getattr(self.pos_embed, name, None)
-                if isinstance(t, nn.Parameter): nn.init.normal_(t)
+            for name, t in self.pos_embed.named_parameters():        # an nn.Embedding table there: N(0, 1)
+                if name.split('.')[-1] in ('pos_embed', 'prefix_pos'): nn.init.normal_(t)
             return
         nn.init.normal_(self.cls_token, std=1e-6)
         def _init(m):
@@ -220,8 +222,19 @@ class PEViT(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C)
         x = self._embed(x)
-        for blk in self.blocks: x = self._block(blk, x)
+        for i, blk in enumerate(self.blocks): x = self.pos_embed.after_block(self._block(blk, x), i)
         return self.norm(x)
+
+    def set_input_size(self, img_size: int | Sequence[int]):
+        "Adapt to another input resolution: the patch grid, the PE (resampled or recomputed) and conv projections."
+        self.patch_embed.set_input_size(img_size=img_size)
+        self.grid_size = self.patch_embed.grid_size
+        self.pos_embed.set_grid_size(self.grid_size)
+        for blk in self.blocks:
+            if blk.attn.conv_qkv is not None: blk.attn.conv_qkv.grid_size = grid_hw(self.grid_size)
+        if hasattr(self, 'pretrained_cfg'):
+            s = self.patch_embed.img_size
+            self.pretrained_cfg = {**self.pretrained_cfg, 'input_size': (3, *s)}
 
     def forward_intermediates(self, x: torch.Tensor,
                               indices: int | Sequence[int] | None = None, # last n blocks (int) or these blocks (None: all)
@@ -236,7 +249,7 @@ class PEViT(nn.Module):
         take, last = feature_take_indices(len(self.blocks), indices)
         x, out, p = self._embed(x), [], self.num_prefix_tokens
         for i, blk in enumerate(self.blocks[:last + 1] if stop_early else self.blocks):
-            x = self._block(blk, x)
+            x = self.pos_embed.after_block(self._block(blk, x), i)
             if i in take: out.append(self.norm(x) if norm else x)
         prefix, out = [y[:, :p] for y in out], [y[:, p:] for y in out]
         if output_fmt == 'NCHW':
