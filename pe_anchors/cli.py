@@ -9,7 +9,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['UserError', 'positive_int', 'positive_float', 'device_arg', 'check_device', 'cmd_demo', 'cmd_train', 'cmd_analyze',
-           'cmd_sweep', 'cmd_report', 'cmd_bench', 'parser', 'main']
+           'cmd_sweep', 'cmd_report', 'cmd_atlas', 'cmd_bench', 'parser', 'main']
 
 # %% ../nbs/13_cli.ipynb #e368ee62
 class UserError(Exception):
@@ -178,6 +178,15 @@ def cmd_report(a):
     _print_verdicts(load_results(p))
     print(f"report: {path}")
 
+def cmd_atlas(a):
+    "SSDC unpermuted and under RPI per block for timm checkpoints on an image folder: OUT/atlas.csv and atlas.png."
+    from pe_anchors.atlas import atlas
+    if not a.data_path: raise UserError("atlas needs --data-path: an image folder with train/ and val/ class folders")
+    df = atlas(a.models, a.data_path, n_images=a.images, n_perms=a.n_perms, pretrained=not a.random, out=a.out,
+               show_progress=False if a.quiet else None)
+    last = df.sort_values('layer').groupby(['model', 'mode'])['value'].last().unstack()
+    print(last.round(3).to_string()); print(f"table and figure in {a.out}/ (atlas.csv, atlas.png)")
+
 def cmd_bench(a):
     "Run a benchmark; each prints its own figures (named baseline, ratio, hardware)."
     device = check_device(a.device)
@@ -259,6 +268,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument('--dest', help='where the report goes (default: DIR/report)')
     s.set_defaults(func=cmd_report)
 
+    s = sub.add_parser('atlas', help='SSDC normal / RPI of timm ViT, Eva, BEiT, Swin checkpoints on an image folder',
+                       description=cmd_atlas.__doc__)
+    s.add_argument('models', nargs='+', help="timm model names, e.g. vit_base_patch16_224.augreg_in1k vit_base_patch16_rope_224.naver_in1k")
+    s.add_argument('--data-path', help='image folder: train/<class>/*, val/<class>/*')
+    s.add_argument('--out', default='atlas', help='output directory (default: ./atlas)')
+    s.add_argument('--images', type=positive_int, default=256, help='validation images, class-stratified (default 256)')
+    s.add_argument('--n-perms', type=positive_int, default=8, help='RPI permutation draws (default 8)')
+    s.add_argument('--random', action='store_true', help='random weights instead of pretrained (no download)')
+    s.add_argument('--quiet', action='store_true')
+    s.set_defaults(func=cmd_atlas)
+
     s = sub.add_parser('bench', help='benchmarks (print their figures)', description=cmd_bench.__doc__)
     s.add_argument('what', choices=['ssdc', 'train', 'shifts', 'gpu'])
     s.add_argument('--device', type=device_arg); s.add_argument('--quick', action='store_true', help='tiny sizes (seconds)')
@@ -285,3 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         if disk: msg = f"{e.strerror}: {e.filename or ''} (free some space or choose another --out)"
         print(f"pe_anchors {a.command}: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
         return 2
+
+if __name__ == '__main__': sys.exit(main())        # python -m pe_anchors.cli ...
+

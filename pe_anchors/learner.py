@@ -424,12 +424,16 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
         model = DEFAULT_MODELS[data.img_size]
     set_seed(seed, reproducible=True)
     mkw = dict(model_kwargs or {})
-    if model.startswith('pe_vit'): mkw.setdefault('style', r.model_style)      # the recipe's init and dropout sites
-    net = timm.create_model(model, pe=pe, num_classes=data.c, **mkw)
+    pe_vit = model.startswith('pe_vit')
+    if pe_vit: mkw.update(pe=pe, style=mkw.get('style', r.model_style))      # the recipe's init and dropout sites
+    elif pe != 'none' or rpt:                         # any other timm model (a CNN baseline, a timm ViT) is used as built
+        raise ValueError(f"{model} is not a pe_vit model: its positional encoding is its own; use condition 'nope' "
+                         f"(no PE and no RPT are added), got pe={pe!r}, rpt={rpt}")
+    net = timm.create_model(model, num_classes=data.c, **mkw)
     if hasattr(net, 'pretrained_cfg'):                   # the statistics it is trained with, for timm's data config
         net.pretrained_cfg = net.default_cfg = {**net.pretrained_cfg, 'mean': tuple(data.mean), 'std': tuple(data.std),
                                                 'input_size': (3, data.img_size, data.img_size), 'num_classes': data.c}
-    if net.patch_embed.img_size[0] != data.img_size:
+    if hasattr(net, 'patch_embed') and net.patch_embed.img_size[0] != data.img_size:
         raise ValueError(f"{model} expects {net.patch_embed.img_size[0]}px images but {data.name} has {data.img_size}px")
     dls = data.dls(r.bs, device=device, aug=r.aug, mixup=r.mixup, channels_last=r.channels_last and cuda)
     fused = cuda if r.fused is None else r.fused

@@ -21,7 +21,7 @@ def installed():
 
 def test_help_everywhere(installed):
     r = run('--help'); assert r.returncode == 0 and 'demo' in r.stdout and 'sweep' in r.stdout
-    for cmd in ('demo', 'train', 'analyze', 'sweep', 'report', 'bench'):
+    for cmd in ('demo', 'train', 'analyze', 'sweep', 'report', 'bench', 'atlas'):
         r = run(cmd, '--help'); assert r.returncode == 0 and 'usage: pe_anchors ' + cmd in r.stdout, cmd
 
 
