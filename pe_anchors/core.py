@@ -15,7 +15,7 @@ from fastprogress.fastprogress import progress_bar
 # %% auto #0
 __all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'PAPER_CONDITIONS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
            'image_rng', 'condition_spec', 'condition_label', 'condition_order', 'show_progress', 'pbar',
-           'hardware_info', 'write_atomic', 'read_json', 'RunLock']
+           'hardware_info', 'write_atomic', 'current_umask', 'read_json', 'RunLock']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -115,14 +115,15 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     try:
         with os.fdopen(fd, 'wb') as f:
             f.write(data.encode() if isinstance(data, str) else data); f.flush(); os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp): os.remove(tmp)
         raise
     return path
 
-def _umask() -> int:
+def current_umask() -> int:
+    "This process's umask (read without changing it for long): created files get 0o666 & ~umask."
     m = os.umask(0o022); os.umask(m); return m
 
 def read_json(path: str | Path) -> dict:

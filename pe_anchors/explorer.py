@@ -77,8 +77,10 @@ class Explorer:
         return fig
 
     def widget(self):
-        "An ipywidgets UI (model, layer, RPI, query row/column); raises ImportError without ipywidgets."
-        import ipywidgets as W
+        "An ipywidgets UI (model, layer, RPI, query row/column)."
+        try: import ipywidgets as W
+        except ImportError: raise ImportError("Explorer.widget needs ipywidgets (a dependency of pe_anchors): "
+                                              "pip install ipywidgets; Explorer.figure draws the same panels statically") from None
         import matplotlib.pyplot as plt
         first = next(iter(self.models))
         h, w = self.grid_size(first)

@@ -26,7 +26,7 @@ from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop
 
-from .core import (RunLock, check_choice, condition_spec, hardware_info, read_json, write_atomic,
+from .core import (RunLock, check_choice, condition_spec, current_umask, hardware_info, read_json, write_atomic,
                              show_progress as _show_progress)
 from .vit import save_checkpoint
 from .data import ImageData, get_data
@@ -286,6 +286,10 @@ class RunRecorder(Callback):
                    lr=self.opt.hypers[0]['lr'], time_s=round(time.perf_counter() - self.t_epoch, 3),
                    train_img_s=round(self.epoch_img_s, 1))
         row = {k: (float(v) if isinstance(v, (float, np.floating, torch.Tensor)) else v) for k, v in row.items()}
+        bad = [k for k in ('train_loss', 'valid_loss') if k in row and not math.isfinite(row[k])]
+        if bad or not all(torch.isfinite(p).all() for p in self.learn.model.parameters()):
+            raise ValueError(f"training diverged at epoch {self.epoch} ({', '.join(bad) or 'weights'} not finite); "
+                             f"the last good checkpoint is kept in {self.run_dir}: lower the learning rate and resume=False")
         p = self.run_dir / 'metrics.csv'
         _write_metrics(p, _read_metrics(p) + [{k: str(v) for k, v in row.items()}])
         self.save_checkpoint()
@@ -294,6 +298,7 @@ class RunRecorder(Callback):
         "Write `checkpoints/epoch_NNN` atomically (a unique temporary folder renamed) and keep the newest `keep`."
         d = self.run_dir / 'checkpoints'; d.mkdir(parents=True, exist_ok=True)
         final, tmp = d / f'epoch_{self.epoch:03d}', Path(tempfile.mkdtemp(dir=d, prefix=f'.tmp_epoch_{self.epoch:03d}_'))
+        os.chmod(tmp, 0o777 & ~current_umask())                       # mkdtemp makes it private
         try:
             save_checkpoint(unwrap_model(self.learn.model), tmp / 'model.safetensors', extra=dict(epoch=self.epoch))
             cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if isinstance(cb, RPT)}
@@ -435,6 +440,9 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
                                                 'input_size': (3, data.img_size, data.img_size), 'num_classes': data.c}
     if hasattr(net, 'patch_embed') and net.patch_embed.img_size[0] != data.img_size:
         raise ValueError(f"{model} expects {net.patch_embed.img_size[0]}px images but {data.name} has {data.img_size}px")
+    if r.bs * world > len(data.train):
+        raise ValueError(f"batch size {r.bs}{f' x {world} processes' if world > 1 else ''} is larger than the {len(data.train)} "
+                         "training images: an epoch would have no full batch (nothing would be trained)")
     dls = data.dls(r.bs, device=device, aug=r.aug, mixup=r.mixup, channels_last=r.channels_last and cuda)
     fused = cuda if r.fused is None else r.fused
     topt = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}[check_choice('optimizer', r.opt, ('adamw', 'adam'))]

@@ -17,7 +17,7 @@ import torchvision
 from torch import nn
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
-from .core import check_choice, condition_label, condition_order, grid_hw, hardware_info, image_rng, pbar
+from .core import check_choice, grid_hw, image_rng, pbar, write_atomic
 from .results import fragility
 from .vit import IMAGENET_MEAN, IMAGENET_STD, image_perms
 
@@ -422,7 +422,12 @@ def evaluate_accuracy(model: nn.Module,
             xb, yb = _split(batch)
             xb, yb = _check_images(xb).to(device, non_blocking=True), yb.to(device, non_blocking=True)
             xb = _apply_shift(shift, xb, n)
-            correct += (model(norm(xb).to(dtype)).argmax(-1) == yb).sum()
+            logits = model(norm(xb).to(dtype))
+            if not torch.isfinite(logits).all(): raise ValueError("the model's outputs are not finite (NaN or inf): "
+                                                                "its accuracy would be meaningless; check its weights")
+            if len(yb) and (yb.min() < 0 or yb.max() >= logits.shape[-1]):
+                raise ValueError(f"labels outside 0..{logits.shape[-1] - 1} for a model with {logits.shape[-1]} outputs")
+            correct += (logits.argmax(-1) == yb).sum()
             n += len(yb)
     finally: model.train(was_training)
     if n == 0: raise ValueError("batches yielded no images")
@@ -439,15 +444,21 @@ class TensorBatches:
             yield self.images[i:i + self.batch_size], self.labels[i:i + self.batch_size]
 
 # %% ../nbs/08_robustness.ipynb #88751cdc
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 def _slug(s: str) -> str: return re.sub(r'[^A-Za-z0-9._-]+', '-', str(s)).strip('-') or 'data'
 
+def _digest(*tensors: torch.Tensor) -> str:
+    "sha256 of the tensors' shapes, dtypes and bytes: the identity of a set's content."
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode()); h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
 def _fingerprint(x: torch.Tensor, y: torch.Tensor) -> str:
-    "sha1 of the first image (shape and pixels) and its label."
-    h = hashlib.sha1(str(tuple(x.shape[1:])).encode())
-    h.update(x[0].cpu().contiguous().numpy().tobytes()); h.update(str(int(y[0])).encode())
-    return h.hexdigest()[:16]
+    "The content hash of a whole evaluation set (every image and label): a grown or edited set gets a new key."
+    return _digest(x, y)[:16]
 
 def cache_key(shift: Shift | None, dataset_id: str, fingerprint: str, device: torch.device | str = 'cpu') -> dict:
     "The JSON-able record that identifies a shifted set (its hash names the cache file)."
@@ -461,24 +472,22 @@ def cache_path(cache_dir: str | Path, shift: Shift | None, key: dict) -> Path:
     return Path(cache_dir) / f"{_slug(key['dataset_id'])}__{_slug(name.replace('/', '-'))}__{digest}.safetensors"
 
 def _save_atomic(path: Path, tensors: dict, metadata: dict):
-    from safetensors.torch import save_file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix='.tmp')
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp): os.remove(tmp)
+    "safetensors file written atomically, with the sha256 of its tensors in the metadata (checked on read)."
+    from safetensors.torch import save
+    write_atomic(path, save(tensors, metadata={**metadata, 'sha256': _digest(*tensors.values())}))
 
 def _load_cached(path: Path, key: dict):
+    "The cached (images, labels), or None when the file is for another set, unreadable, or fails its checksum."
     from safetensors import safe_open
     try:
         with safe_open(str(path), framework='pt') as f:
-            if json.loads((f.metadata() or {}).get('key', 'null')) != key: return None
-            return f.get_tensor('images'), f.get_tensor('labels')
-    except Exception as e:                      # unreadable file: recompute and overwrite
-        warnings.warn(f"ignoring unreadable cache file {path}: {e}")
+            meta = f.metadata() or {}
+            if json.loads(meta.get('key', 'null')) != key: return None
+            x, y = f.get_tensor('images'), f.get_tensor('labels')
+        if meta.get('sha256') != _digest(x, y): raise ValueError("content does not match its checksum")
+        return x, y
+    except Exception as e:                      # damaged or edited file: recompute and overwrite
+        warnings.warn(f"ignoring damaged cache file {path} ({e}); recomputing it")
         return None
 
 def shifted_set(batches: Iterable,                         # (uint8 images, labels) pairs, in a fixed order
@@ -493,19 +502,18 @@ def shifted_set(batches: Iterable,                         # (uint8 images, labe
     if cache_dir is not None and not dataset_id:
         raise ValueError("a disk cache needs dataset_id naming the dataset, split and eval resolution "
                          "(e.g. 'cifar10-val-32'), so different sets never share a file")
-    it = iter(batches)
-    try: first = _split(next(it))
-    except StopIteration: raise ValueError("batches yielded no images") from None
+    if cache_dir is not None and shift is not None and not isinstance(shift, Shift):
+        raise TypeError(f"caching needs a Shift (its parameters key the file), got {type(shift).__name__}")
+    pairs = [_split(b) for b in batches]
+    if not pairs: raise ValueError("batches yielded no images")
     path = key = None
-    if cache_dir is not None:
-        if shift is not None and not isinstance(shift, Shift):
-            raise TypeError(f"caching needs a Shift (its parameters key the file), got {type(shift).__name__}")
-        key = cache_key(shift, dataset_id, _fingerprint(_check_images(first[0]), first[1]), device)
+    if cache_dir is not None:                                   # keyed on the content of the whole set
+        clean_x, clean_y = torch.cat([_check_images(x).cpu() for x, _ in pairs]), torch.cat([y.cpu().long() for _, y in pairs])
+        key = cache_key(shift, dataset_id, _fingerprint(clean_x, clean_y), device)
         path = cache_path(cache_dir, shift, key)
         if path.exists() and (hit := _load_cached(path, key)) is not None: return hit
     xs, ys, n = [], [], 0
-    total = _len(batches)
-    for xb, yb in pbar(_chain(first, it), total=total, show=show, comment=getattr(shift, 'name', 'clean')):
+    for xb, yb in pbar(pairs, total=len(pairs), show=show, comment=getattr(shift, 'name', 'clean')):
         xb = _check_images(xb).to(device)
         xs.append(_apply_shift(shift, xb, n).cpu())
         ys.append(yb.cpu().long()); n += len(yb)
@@ -516,9 +524,7 @@ def shifted_set(batches: Iterable,                         # (uint8 images, labe
                           description='clean' if shift is None else shift.description()))
     return images, labels
 
-def _chain(first, it):
-    yield first
-    for b in it: yield _split(b)
+
 
 # %% ../nbs/08_robustness.ipynb #b63f1c0f
 def _model_items(models) -> list[tuple[str, int, nn.Module]]:

@@ -355,6 +355,9 @@ def ssdc_curve(model: nn.Module,
               ) -> SSDCAccumulator:
     "Stream `batches` through `model` and accumulate the SSDC of every block's LN1 input (`.compute()` -> (L,))."
     grid = model_grid_size(model) if grid_size is None else grid_hw(grid_size)
+    own = getattr(getattr(model, 'patch_embed', None), 'grid_size', None)
+    if own is not None and grid != tuple(int(v) for v in own):
+        raise ValueError(f"grid_size {grid} does not match the model's patch grid {tuple(own)}; leave grid_size=None")
     check_choice('distance', metric, DISTANCES)
     layers = list(range(len(getattr(model, 'blocks', ())))) if layers is None else list(layers)
     acc = SSDCAccumulator(grid, metric, per_image, layers=layers, pooled=pooled)

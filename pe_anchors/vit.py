@@ -15,7 +15,7 @@ from torch import nn
 from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
 
-from .core import check_choice, grid_hw, image_rng
+from .core import check_choice, current_umask, grid_hw, image_rng
 from .pos_embed import PosEmbed, create_pos_embed, PE_NAMES
 
 # %% auto #0
@@ -150,6 +150,9 @@ class PEViT(nn.Module):
         self.embed_dim = self.num_features = embed_dim
         self.num_heads = num_heads
         self.num_prefix_tokens = 1
+        for s in ((img_size,) * 2 if isinstance(img_size, int) else tuple(img_size)):
+            if s % patch_size: raise ValueError(f"img_size {img_size} is not a multiple of patch_size {patch_size}: "
+                                                f"{s % patch_size} pixel row(s)/column(s) would be dropped")
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
         self.grid_size = self.patch_embed.grid_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
@@ -496,7 +499,7 @@ def save_checkpoint(model: PEViT, path: str | Path, extra: dict | None = None) -
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp'); os.close(fd)
     try:
         save_file(sd, tmp, metadata=meta)
-        os.chmod(tmp, 0o644); os.replace(tmp, path)            # atomic: an interrupted save never leaves a torn file
+        os.chmod(tmp, 0o666 & ~current_umask()); os.replace(tmp, path)   # atomic: never a torn file
     finally:
         if os.path.exists(tmp): os.remove(tmp)
     return path
