@@ -79,6 +79,7 @@ def bench_ssdc(n_images: int = 1000,
     if verbose: _print_bench(res)
     return res
 
+# %% ../nbs/14_bench.ipynb #e4cc35e1
 def _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images, seed) -> dict:
     n_tokens, load_before, hw = grid[0] * grid[1], os.getloadavg()[0], hardware_info(device)
     if device.type == 'cuda': torch.cuda.reset_peak_memory_stats(device)
@@ -120,6 +121,7 @@ def _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images,
                 peak_rss_mb=_peak_rss_mb(),
                 peak_cuda_mb=mb(torch.cuda.max_memory_allocated(device)) if device.type == 'cuda' else None)
 
+# %% ../nbs/14_bench.ipynb #e044f606
 def _print_bench(r: dict):
     extra = '' if r['naive_images'] == r['n_images'] else f" (naive measured on {r['naive_images']} images, scaled)"
     la = r['load_avg_1min']
@@ -187,6 +189,7 @@ class _Timer(Callback):
         self.img_s = self.n / (time.perf_counter() - self.t)
         raise CancelFitException()                               # skip validation: only training is timed
 
+# %% ../nbs/14_bench.ipynb #f6e107bc
 def bench_train(model: str = 'pe_vit_nano_patch1_8',
                 bs: int = 64,
                 steps: int = 20,

@@ -68,6 +68,7 @@ def _run_opts(p: argparse.ArgumentParser, many: bool):
     p.add_argument('--cbs', nargs='+', metavar='NAME', help='extra fastai callbacks: csv, tensorboard, wandb, ... or module:Class')
     p.add_argument('--restart', action='store_true', help='delete earlier results in --out and start over')
 
+# %% ../nbs/13_cli.ipynb #b04d48c7
 def _dataset(name: str | None, path: str | None):
     "A dataset by name (`cifar10` / `imagenet100` / `image_folder` need a path) or a dataset path."
     from pe_anchors.data import get_data
@@ -159,6 +160,7 @@ def cmd_analyze(a):
 def _cuda() -> bool:
     import torch; return torch.cuda.is_available()
 
+# %% ../nbs/13_cli.ipynb #24d9d593
 def cmd_sweep(a):
     "Run (or continue) an experiment: a preset name or a JSON/YAML file."
     from pe_anchors.experiment import run_experiment
@@ -215,6 +217,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+# %% ../nbs/13_cli.ipynb #6721a400
 def parser() -> argparse.ArgumentParser:
     "The `pe_anchors` argument parser."
     p = _Parser(prog='pe_anchors', description='Positional encodings and the spatial geometry of ViTs '
@@ -288,6 +291,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_bench)
     return p
 
+# %% ../nbs/13_cli.ipynb #7d4a3fff
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `pe_anchors` console script; returns the exit code."
     import warnings
@@ -307,4 +311,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 if __name__ == '__main__': sys.exit(main())        # python -m pe_anchors.cli ...
-

@@ -206,6 +206,7 @@ class _Items:
             return (self.item_tfm(x) if self.item_tfm else x), self.split.labels[k]
         raise RuntimeError("no readable image in this split")
 
+# %% ../nbs/03_data.ipynb #6d4e4306
 def _show_images(items: list[tuple], ncols: int = 3, figsize_per: float = 1.8, title: str | None = None):
     "A grid of `(uint8 image (3, S, S), caption)` items."
     import matplotlib.pyplot as plt
@@ -221,6 +222,7 @@ def _dist() -> tuple[int, int]:
     import torch.distributed as dist
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
+# %% ../nbs/03_data.ipynb #d7c1764b
 class ImageDL(DataLoader):
     "fastai `DataLoader` over an `ImageSplit`: one gather per batch for in-memory data, rank-sharded when distributed."
     @property
@@ -302,6 +304,7 @@ class ImageLoaders(DataLoaders):
                        vocab=v.dataset.vocab, mean=v.dataset.mean, std=v.dataset.std)
         return ImageDL(items, bs=bs or v.bs, shuffle=False, drop_last=False, device=self.device, after_batch=v.after_batch)
 
+# %% ../nbs/03_data.ipynb #9fb82bdd
 @dataclass
 class ImageData:
     "A classification dataset: classes, model input size, normalisation and train/valid splits (see `dls`, `valid_uint8`)."
@@ -427,6 +430,7 @@ def _decode_all(files, labels, size: int, what: str, show: bool | None = None) -
     if not imgs: raise ValueError(f"{what}: no readable image among {len(files)} files")
     return ImageSplit(torch.tensor(keep, dtype=torch.long), images=torch.stack(imgs))
 
+# %% ../nbs/03_data.ipynb #8bc9c614
 def _splits(root: Path, classes, size: int, check: str, in_memory: bool, name: str):
     out = []
     for split_name, d in (('train', root / 'train'), ('valid', _valid_dir(root))):

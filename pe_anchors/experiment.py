@@ -304,6 +304,7 @@ def _run_one(exp, data, ev, condition, seed, run_dir: Path, done: Path, device, 
 
 RESTART_FILES = ('runs', 'results.csv', 'results.csv.sha256', 'experiment.json', 'ssdc_sample.json', 'shifts.json', 'report')
 
+# %% ../nbs/09_experiment.ipynb #fb9b8397
 def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset name or a JSON/YAML file
                    out_dir: str | Path,
                    shard: str | Sequence[int] | None = None,  # see `resolve_shard`

@@ -10,6 +10,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 from torch import nn
+from fastcore.basics import patch
 
 from .core import check_choice, grid_hw
 from .vit import TokenPermutation
@@ -76,33 +77,36 @@ class Explorer:
         fig.tight_layout()
         return fig
 
-    def widget(self):
-        "An ipywidgets UI (model, layer, RPI, query row/column)."
-        try: import ipywidgets as W
-        except ImportError: raise ImportError("Explorer.widget needs ipywidgets (a dependency of pe_anchors): "
-                                              "pip install ipywidgets; Explorer.figure draws the same panels statically") from None
-        import matplotlib.pyplot as plt
-        first = next(iter(self.models))
-        h, w = self.grid_size(first)
-        depth = len(self.ssdc(first))
-        def show(model, layer, rpi, row, col):
-            self.figure(model, min(layer, len(self.ssdc(model)) - 1), (min(row, self.grid_size(model)[0] - 1),
-                        min(col, self.grid_size(model)[1] - 1)), rpi)
-            plt.show()
-        return W.interactive(show, model=W.Dropdown(options=list(self.models)), layer=W.IntSlider(0, 0, depth - 1),
-                             rpi=W.Checkbox(False, description='RPI'), row=W.IntSlider(h // 2, 0, h - 1),
-                             col=W.IntSlider(w // 2, 0, w - 1))
+# %% ../nbs/12_explorer.ipynb #a289c3f6
+@patch
+def widget(self: Explorer):
+    "An ipywidgets UI (model, layer, RPI, query row/column)."
+    try: import ipywidgets as W
+    except ImportError: raise ImportError("Explorer.widget needs ipywidgets (a dependency of pe_anchors): "
+                                          "pip install ipywidgets; Explorer.figure draws the same panels statically") from None
+    import matplotlib.pyplot as plt
+    first = next(iter(self.models))
+    h, w = self.grid_size(first)
+    depth = len(self.ssdc(first))
+    def show(model, layer, rpi, row, col):
+        self.figure(model, min(layer, len(self.ssdc(model)) - 1), (min(row, self.grid_size(model)[0] - 1),
+                    min(col, self.grid_size(model)[1] - 1)), rpi)
+        plt.show()
+    return W.interactive(show, model=W.Dropdown(options=list(self.models)), layer=W.IntSlider(0, 0, depth - 1),
+                         rpi=W.Checkbox(False, description='RPI'), row=W.IntSlider(h // 2, 0, h - 1),
+                         col=W.IntSlider(w // 2, 0, w - 1))
 
-    def show(self, name: str | None = None, layers: Iterable[int] | None = None, query=None):
-        "The widget in a live notebook with ipywidgets; otherwise static figures (normal and RPI) for `layers`."
-        try:
-            from IPython import get_ipython
-            live = get_ipython() is not None and 'IPKernelApp' in get_ipython().config
-            if live:
-                from IPython.display import display
-                display(self.widget()); return
-        except ImportError: pass
-        name = name or next(iter(self.models))
-        depth = len(self.ssdc(name))
-        for layer in (layers if layers is not None else sorted({0, 1, depth - 1})):
-            for rpi in (False, True): self.figure(name, layer, query, rpi)
+@patch
+def show(self: Explorer, name: str | None = None, layers: Iterable[int] | None = None, query=None):
+    "The widget in a live notebook with ipywidgets; otherwise static figures (normal and RPI) for `layers`."
+    try:
+        from IPython import get_ipython
+        live = get_ipython() is not None and 'IPKernelApp' in get_ipython().config
+        if live:
+            from IPython.display import display
+            display(self.widget()); return
+    except ImportError: pass
+    name = name or next(iter(self.models))
+    depth = len(self.ssdc(name))
+    for layer in (layers if layers is not None else sorted({0, 1, depth - 1})):
+        for rpi in (False, True): self.figure(name, layer, query, rpi)

@@ -24,7 +24,7 @@ from .ssdc import (ssdc_curve, bootstrap_ci, model_grid_size, ssdc_from_similari
 
 # %% auto #0
 __all__ = ['SSDC_MODES', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table', 'pe_table_ssdc',
-           'pe_scaled', 'alpha_sweep']
+           'position_source', 'pe_scaled', 'alpha_sweep']
 
 # %% ../nbs/07_interventions.ipynb #a768648c
 SSDC_MODES = {'normal': None, 'rpi': 'draw', 'rpi_image': 'image'}  # results-table mode -> TokenPermutation mode
@@ -157,14 +157,12 @@ def ssdc_trajectories(model: nn.Module,
 # %% ../nbs/07_interventions.ipynb #505c0d95
 def pe_table(model: nn.Module) -> torch.Tensor: # (N, C) the patch rows of the additive position table
     "The additive position table of a PEViT (APE, SPE) or timm ViT, patch rows only (prefix rows dropped)."
-    pe = getattr(model, 'pos_embed', None)
+    pe = position_source(model)
     if isinstance(pe, PosEmbed):
-        if not pe.additive: raise ValueError(f"{type(pe).__name__} adds no position table (rotary or none)")
+        if not pe.additive: raise ValueError(f"{type(pe).__name__} adds no position table (rotary, bias or none)")
         return pe.table()[0, pe.num_prefix_tokens:].detach()
-    if isinstance(pe, torch.Tensor):
-        skip = 0 if getattr(model, 'no_embed_class', False) else int(getattr(model, 'num_prefix_tokens', 1))
-        return pe.detach().reshape(-1, pe.shape[-1])[skip:]
-    raise ValueError(f"{type(model).__name__} has no additive position table (`pos_embed` module or parameter)")
+    skip = 0 if getattr(model, 'no_embed_class', False) else int(getattr(model, 'num_prefix_tokens', 1))
+    return pe.detach().reshape(-1, pe.shape[-1])[skip:]
 
 def pe_table_ssdc(model: nn.Module, grid_size: int | Sequence[int] | None = None, metric: str = 'manhattan') -> float:
     "SSDC of the position table's patch rows: Spearman of their cosine similarities with minus the grid distance."
@@ -173,16 +171,20 @@ def pe_table_ssdc(model: nn.Module, grid_size: int | Sequence[int] | None = None
     return float(ssdc_from_similarity(token_similarity(t), grid, metric))
 
 # %% ../nbs/07_interventions.ipynb #6f2ec384
+def position_source(model: nn.Module) -> PosEmbed | torch.Tensor:
+    "Where a model's positional signal lives: a PEViT's `PosEmbed` module, or a timm ViT's `pos_embed` parameter."
+    pe = getattr(model, 'pos_embed', None)
+    if isinstance(pe, (PosEmbed, torch.Tensor)): return pe
+    raise ValueError(f"{type(model).__name__} has no positional encoding to scale or read: expected a PEViT `pos_embed` "
+                     "module or a timm `pos_embed` parameter")
+
 @contextmanager
 def pe_scaled(model: nn.Module, alpha: float):
     "Temporarily scale the model's positional signal by `alpha` (PEViT: `pos_embed.scaled`; timm: the `pos_embed` parameter)."
-    pe = getattr(model, 'pos_embed', None)
+    pe = position_source(model)
     if isinstance(pe, PosEmbed):
         with pe.scaled(alpha): yield model
         return
-    if not isinstance(pe, torch.Tensor):
-        raise ValueError(f"{type(model).__name__} has no scalable positional encoding: expected a PEViT `pos_embed` "
-                         "module or a timm `pos_embed` parameter")
     alpha = float(alpha)
     if not math.isfinite(alpha) or alpha < 0: raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     saved = pe.detach().clone()

@@ -24,7 +24,7 @@ from fastai.learner import Learner
 from fastai.metrics import accuracy
 from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
-from fastcore.basics import noop
+from fastcore.basics import noop, patch
 
 from .core import (RunLock, check_choice, condition_spec, current_umask, hardware_info, read_json, write_atomic,
                              show_progress as _show_progress)
@@ -197,6 +197,7 @@ def last_checkpoint(run_dir: str | Path) -> Path | None:
     done = checkpoints(run_dir)
     return done[-1] if done else None
 
+# %% ../nbs/05_learner.ipynb #875245a8
 def _read_metrics(path: Path) -> list[dict]:
     "The rows of a run's metrics.csv; a torn row (missing fields) is an error naming the file."
     if not path.exists(): return []
@@ -211,6 +212,7 @@ def _write_metrics(path: Path, rows: list[dict]):
         w = csv.DictWriter(buf, fieldnames=list(rows[0])); w.writeheader(); w.writerows(rows)
     write_atomic(path, buf.getvalue())
 
+# %% ../nbs/05_learner.ipynb #e1e8898e
 class RunRecorder(Callback):
     "Write a run directory (config, per-epoch metrics CSV, checkpoints, final metrics) and resume from it."
     order = 65                                                    # after fastai's Recorder (50) and ProgressCallback (60)
@@ -261,75 +263,88 @@ class RunRecorder(Callback):
             sl.val, sl.count = st['smooth_loss']
         self._old_logger, self.t_fit, self.train_time, self.train_imgs = None, time.perf_counter(), 0., 0
 
-    def before_epoch(self):
-        if self.epoch < self.start_epoch:                           # skipped by fastai's SkipToEpoch: print nothing
-            self._old_logger, self.learn.logger = self.learn.logger, noop
-        self.t_epoch = time.perf_counter()
+# %% ../nbs/05_learner.ipynb #45d2a824
+@patch
+def before_epoch(self: RunRecorder):
+    if self.epoch < self.start_epoch:                           # skipped by fastai's SkipToEpoch: print nothing
+        self._old_logger, self.learn.logger = self.learn.logger, noop
+    self.t_epoch = time.perf_counter()
 
-    def before_train(self): self._sync(); self.t_train, self.n_imgs = time.perf_counter(), 0
-    def after_batch(self):
-        if self.training: self.n_imgs += self.learn.xb[0].shape[0]
-    def after_train(self):
-        self._sync(); dt = time.perf_counter() - self.t_train
-        self.epoch_img_s = self.n_imgs / max(dt, 1e-9)
-        self.train_time += dt; self.train_imgs += self.n_imgs
+@patch
+def before_train(self: RunRecorder): self._sync(); self.t_train, self.n_imgs = time.perf_counter(), 0
 
-    def _sync(self):
-        if self.dls.device.type == 'cuda': torch.cuda.synchronize(self.dls.device)
+@patch
+def after_batch(self: RunRecorder):
+    if self.training: self.n_imgs += self.learn.xb[0].shape[0]
 
-    def after_epoch(self):
-        if self.epoch < self.start_epoch:
-            self.learn.logger = self._old_logger; return
-        if not self.is_main: return
-        rec = self.learn.recorder
-        row = dict(epoch=self.epoch, **dict(zip(rec.metric_names[1:-1], rec.log[1:-1])),
-                   lr=self.opt.hypers[0]['lr'], time_s=round(time.perf_counter() - self.t_epoch, 3),
-                   train_img_s=round(self.epoch_img_s, 1))
-        row = {k: (float(v) if isinstance(v, (float, np.floating, torch.Tensor)) else v) for k, v in row.items()}
-        bad = [k for k in ('train_loss', 'valid_loss') if k in row and not math.isfinite(row[k])]
-        if bad or not all(torch.isfinite(p).all() for p in self.learn.model.parameters()):
-            raise ValueError(f"training diverged at epoch {self.epoch} ({', '.join(bad) or 'weights'} not finite); "
-                             f"the last good checkpoint is kept in {self.run_dir}: lower the learning rate and resume=False")
-        p = self.run_dir / 'metrics.csv'
-        _write_metrics(p, _read_metrics(p) + [{k: str(v) for k, v in row.items()}])
-        self.save_checkpoint()
+@patch
+def after_train(self: RunRecorder):
+    self._sync(); dt = time.perf_counter() - self.t_train
+    self.epoch_img_s = self.n_imgs / max(dt, 1e-9)
+    self.train_time += dt; self.train_imgs += self.n_imgs
 
-    def save_checkpoint(self):
-        "Write `checkpoints/epoch_NNN` atomically (a unique temporary folder renamed) and keep the newest `keep`."
-        d = self.run_dir / 'checkpoints'; d.mkdir(parents=True, exist_ok=True)
-        final, tmp = d / f'epoch_{self.epoch:03d}', Path(tempfile.mkdtemp(dir=d, prefix=f'.tmp_epoch_{self.epoch:03d}_'))
-        os.chmod(tmp, 0o777 & ~current_umask())                       # mkdtemp makes it private
-        try:
-            save_checkpoint(unwrap_model(self.learn.model), tmp / 'model.safetensors', extra=dict(epoch=self.epoch))
-            cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if isinstance(cb, RPT)}
-            sl = self.learn.recorder.smooth_loss
-            with open(tmp / 'state.pt', 'wb') as f:
-                torch.save(_plain(dict(epoch=self.epoch, opt=self.learn.opt.state_dict(), rng=_rng_state(self.learn),
-                                       cbs=cbs, smooth_loss=(sl.val, sl.count))), f)
-                f.flush(); os.fsync(f.fileno())
-            shutil.rmtree(final, ignore_errors=True); tmp.rename(final)
-        finally: shutil.rmtree(tmp, ignore_errors=True)
-        for old in checkpoints(self.run_dir)[:-self.keep]: shutil.rmtree(old)
+@patch
+def _sync(self: RunRecorder):
+    if self.dls.device.type == 'cuda': torch.cuda.synchronize(self.dls.device)
 
-    def after_fit(self):
-        try:
-            if self.is_main and self.epoch + 1 >= self.n_epoch: self.write_final()
-            import torch.distributed as dist
-            if dist.is_available() and dist.is_initialized(): dist.barrier()   # other ranks then read final.json
-        finally:
-            if self._lock is not None: self._lock.__exit__(); self._lock = None
+@patch
+def after_epoch(self: RunRecorder):
+    if self.epoch < self.start_epoch:
+        self.learn.logger = self._old_logger; return
+    if not self.is_main: return
+    rec = self.learn.recorder
+    row = dict(epoch=self.epoch, **dict(zip(rec.metric_names[1:-1], rec.log[1:-1])),
+               lr=self.opt.hypers[0]['lr'], time_s=round(time.perf_counter() - self.t_epoch, 3),
+               train_img_s=round(self.epoch_img_s, 1))
+    row = {k: (float(v) if isinstance(v, (float, np.floating, torch.Tensor)) else v) for k, v in row.items()}
+    bad = [k for k in ('train_loss', 'valid_loss') if k in row and not math.isfinite(row[k])]
+    if bad or not all(torch.isfinite(p).all() for p in self.learn.model.parameters()):
+        raise ValueError(f"training diverged at epoch {self.epoch} ({', '.join(bad) or 'weights'} not finite); "
+                         f"the last good checkpoint is kept in {self.run_dir}: lower the learning rate and resume=False")
+    p = self.run_dir / 'metrics.csv'
+    _write_metrics(p, _read_metrics(p) + [{k: str(v) for k, v in row.items()}])
+    self.write_checkpoint()
 
-    def write_final(self) -> dict:
-        "Save the final weights and `final.json` (metrics of the last epoch, timing, hardware)."
-        rows = _read_metrics(self.run_dir / 'metrics.csv')
-        last = rows[-1] if rows else {}
-        save_checkpoint(unwrap_model(self.learn.model), self.run_dir / 'model.safetensors', extra=dict(epoch=self.n_epoch - 1))
-        final = dict(epochs=self.n_epoch, accuracy=float(last.get('accuracy', 'nan')), valid_loss=float(last.get('valid_loss', 'nan')),
-                     train_time_s=round(sum(float(r['time_s']) for r in rows), 2),
-                     train_img_s=round(float(np.mean([float(r['train_img_s']) for r in rows])), 1) if rows else None,
-                     hardware=hardware_info(self.dls.device))
-        write_atomic(self.run_dir / 'final.json', json.dumps(final, indent=2))
-        return final
+# %% ../nbs/05_learner.ipynb #916feac1
+@patch
+def write_checkpoint(self: RunRecorder):
+    "Write `checkpoints/epoch_NNN` atomically (a unique temporary folder renamed) and keep the newest `keep`."
+    d = self.run_dir / 'checkpoints'; d.mkdir(parents=True, exist_ok=True)
+    final, tmp = d / f'epoch_{self.epoch:03d}', Path(tempfile.mkdtemp(dir=d, prefix=f'.tmp_epoch_{self.epoch:03d}_'))
+    os.chmod(tmp, 0o777 & ~current_umask())                       # mkdtemp makes it private
+    try:
+        save_checkpoint(unwrap_model(self.learn.model), tmp / 'model.safetensors', extra=dict(epoch=self.epoch))
+        cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if isinstance(cb, RPT)}
+        sl = self.learn.recorder.smooth_loss
+        with open(tmp / 'state.pt', 'wb') as f:
+            torch.save(_plain(dict(epoch=self.epoch, opt=self.learn.opt.state_dict(), rng=_rng_state(self.learn),
+                                   cbs=cbs, smooth_loss=(sl.val, sl.count))), f)
+            f.flush(); os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True); tmp.rename(final)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    for old in checkpoints(self.run_dir)[:-self.keep]: shutil.rmtree(old)
+
+@patch
+def after_fit(self: RunRecorder):
+    try:
+        if self.is_main and self.epoch + 1 >= self.n_epoch: self.write_final()
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized(): dist.barrier()   # other ranks then read final.json
+    finally:
+        if self._lock is not None: self._lock.__exit__(); self._lock = None
+
+@patch
+def write_final(self: RunRecorder) -> dict:
+    "Save the final weights and `final.json` (metrics of the last epoch, timing, hardware)."
+    rows = _read_metrics(self.run_dir / 'metrics.csv')
+    last = rows[-1] if rows else {}
+    save_checkpoint(unwrap_model(self.learn.model), self.run_dir / 'model.safetensors', extra=dict(epoch=self.n_epoch - 1))
+    final = dict(epochs=self.n_epoch, accuracy=float(last.get('accuracy', 'nan')), valid_loss=float(last.get('valid_loss', 'nan')),
+                 train_time_s=round(sum(float(r['time_s']) for r in rows), 2),
+                 train_img_s=round(float(np.mean([float(r['train_img_s']) for r in rows])), 1) if rows else None,
+                 hardware=hardware_info(self.dls.device))
+    write_atomic(self.run_dir / 'final.json', json.dumps(final, indent=2))
+    return final
 
 # %% ../nbs/05_learner.ipynb #b540144b
 def init_distributed() -> tuple[int, int, int]:
@@ -398,6 +413,7 @@ def _versions() -> dict:
     import fastai, pe_anchors
     return dict(pe_anchors=pe_anchors.__version__, torch=torch.__version__, timm=timm.__version__, fastai=fastai.__version__)
 
+# %% ../nbs/05_learner.ipynb #04d7c155
 def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a name / path for `get_data`
                condition: str = 'ape',                    # key of `CONDITIONS`: sets the PE and RPT
                model: str | None = None,                  # timm name (default from the image size, `DEFAULT_MODELS`)

@@ -15,9 +15,9 @@ from timm.layers import trunc_normal_
 from .core import grid_hw, grid_coords, check_choice
 
 # %% auto #0
-__all__ = ['PE_NAMES', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_rotate', 'axial_frequencies',
-           'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed', 'RelPosBias2D', 'alibi_slopes', 'ALiBi2D', 'PEG',
-           'dinov3_periods', 'RoPEDinoV3', 'APERoPE', 'create_pos_embed']
+__all__ = ['PE_NAMES', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_rotate', 'rope_table', 'apply_rope',
+           'axial_frequencies', 'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed', 'RelPosBias2D',
+           'alibi_slopes', 'ALiBi2D', 'PEG', 'dinov3_periods', 'RoPEDinoV3', 'APERoPE', 'create_pos_embed']
 
 # %% ../nbs/01_pos_embed.ipynb #a933464a
 class PosEmbed(nn.Module):
@@ -75,6 +75,10 @@ class PosEmbed(nn.Module):
 
     def attn_bias(self, layer: int = 0) -> torch.Tensor | None: # (1, H, P+N, P+N) or None
         "The additive attention-logit bias of block `layer` (None: no bias)."
+        return None
+
+    def rope(self, layer: int = 0) -> torch.Tensor | None: # (1 or H, N, 2D): [sin | cos] per element, or None
+        "The rotation table block `layer` applies to q and k (None for non-rotary PEs); see `apply_rope`."
         return None
 
     def after_block(self, x: torch.Tensor, layer: int) -> torch.Tensor: # (B, P+N, C)
@@ -173,6 +177,23 @@ def rope_rotate(x: torch.Tensor,      # (..., N, D) queries or keys, D divisible
     out = torch.stack([u1 * cos - u2 * sin, u2 * cos + u1 * sin], dim=-2)
     return out.reshape(*lead, n_tok, d)
 
+def rope_table(angles: torch.Tensor) -> torch.Tensor: # (..., N, D/2) plane angles -> (..., N, 2D) [sin | cos]
+    "Per-element sine and cosine for `apply_rope`: plane i of each half rotates elements i and i + D/4 of that half."
+    *lead, n_tok, half = angles.shape
+    e = angles.reshape(*lead, n_tok, 2, half // 2)
+    e = torch.cat([e, e], -1).reshape(*lead, n_tok, 2 * half)               # (..., N, D): each plane's angle twice
+    return torch.cat([e.sin(), e.cos()], -1)
+
+def apply_rope(x: torch.Tensor,     # (..., N, D) queries or keys of the patch tokens
+               rope: torch.Tensor,  # (..., N, 2D) from `rope_table`, broadcastable to x's leading dims
+              ) -> torch.Tensor:    # (..., N, D), a new tensor
+    "Rotate `x` by a [sin | cos] table: `x cos + rot(x) sin`, rot pairing elements i and i + D/4 inside each half."
+    *lead, n_tok, d = x.shape
+    sin, cos = rope.to(x.dtype).chunk(2, -1)
+    u = x.reshape(*lead, n_tok, 2, 2, d // 4)                                 # (..., N, half, member, n)
+    rot = torch.stack([-u[..., 1, :], u[..., 0, :]], dim=-2).reshape(*lead, n_tok, d)
+    return x * cos + rot * sin
+
 def axial_frequencies(head_dim: int, theta: float = 10000.) -> torch.Tensor: # (head_dim/4,)
     "theta_k = 1 / theta^(k/n), k = 0..n-1, n = head_dim/4 (protocol page §1)."
     n = head_dim // 4
@@ -226,6 +247,12 @@ class _Rotary(PosEmbed):
             m = self._plane_mask.to(a.device)
             a = a * m[layer if m.shape[0] > 1 else 0][:, None, :]
         return a
+
+    def rope(self, layer: int = 0) -> torch.Tensor: # (1 or H, N, 2D)
+        "The [sin | cos] table of block `layer` (after `alpha` and the plane mask), as timm's Eva blocks receive it."
+        if not 0 <= layer < self.depth and self.depth > 1:
+            raise IndexError(f"layer {layer} out of range for depth {self.depth}")
+        return rope_table(self.angles(layer if self.depth > 1 else 0))
 
     def rotate(self, q, k, layer: int = 0):
         self.check_tokens(q.shape[-2])

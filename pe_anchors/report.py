@@ -125,6 +125,7 @@ def fig1(df: pd.DataFrame):
     _panel(b, lambda: plot_ssdc(d, ax=b, title='(b) static prior vs trained'), 'NoPE / APE models')
     fig.tight_layout(); return fig
 
+# %% ../nbs/10_report.ipynb #51fbcacd
 def fig2(df: pd.DataFrame):
     "Fig. 2: SSDC under RPI, (a) APE, RoPE, SPE and (b) NoPE, RPT, with the paper's curves / ranges."
     fig, (a, b) = _axes(2, 5.6)
@@ -173,6 +174,7 @@ def fig5(df: pd.DataFrame):
     _panel(a, lambda: plot_ssdc(d, ax=a, title='RPT: unpermuted vs RPI'), 'an RPT model')
     fig.tight_layout(); return fig
 
+# %% ../nbs/10_report.ipynb #ec19a0e7
 def fig_alpha(df: pd.DataFrame):
     "Tables 1/3/4 as curves: ΔSSDC under RPI and JPEG fragility against α (mean ± 1 SD), with the paper's."
     fig, (a, b) = _axes(2)
@@ -286,6 +288,7 @@ def _acc_measure(df, condition) -> Measure:
     if len(d) > 1: return Measure(float(d['value'].mean()), float(d['value'].std()), len(d))
     return Measure(_first(d, 'value'), _binomial_se(_first(d, 'value'), _first(d, 'n_images')), 1)
 
+# %% ../nbs/10_report.ipynb #f94008bf
 def _delta_measure(df, condition, mode='rpi', alpha=None) -> Measure:
     "ΔSSDC under RPI: mean ± SD over seeds, or one seed's standard error over its permutation draws."
     d = alpha_rows(df) if alpha is not None else main_rows(df)
@@ -315,114 +318,132 @@ _WORD = {1: 'yes', -1: 'no', 0: 'inconclusive'}
 class NotTestable(Exception):
     "A claim whose precondition does not hold on this run (e.g. an α sweep of an APE that never anchored)."
 
+# %% ../nbs/10_report.ipynb #34e5c531
+def _check_near_zero(cond, tol):
+    def f(df):
+        c = _curve(df, cond, _rpi_mode(df))
+        if c.empty: raise KeyError(cond)
+        return _yes_no(c.abs().max() <= tol), f"max |RPI SSDC| over layers = {_fmt3(c.abs().max())} (tolerance {tol})"
+    return f
+
+def _check_ape_anchor(df):
+    c = _curve(df, 'ape', _rpi_mode(df))
+    if len(c) < 2: raise KeyError('ape')
+    d = c.iloc[1] - c.iloc[0]
+    return _yes_no(abs(c.iloc[0]) <= .05 and d > .1), f"RPI SSDC layer 0 = {_fmt3(c.iloc[0])}, ΔSSDC = {_fmt3(d)} (|l0| ≤ 0.05, Δ > 0.1)"
+
+def _check_spe_input(df):
+    c = _curve(df, 'spe', _rpi_mode(df))
+    if c.empty: raise KeyError('spe')
+    return _yes_no(c.iloc[0] > .05), f"RPI SSDC layer 0 = {_fmt3(c.iloc[0])} (> 0.05)"
+
+def _check_rope_gradual(df):
+    c = _curve(df, 'rope', _rpi_mode(df))
+    if len(c) < 3: raise KeyError('rope')
+    early, last = c.iloc[:2].abs().max(), c.iloc[-1]
+    return _yes_no(early <= .05 and last > early + .05), \
+        f"max |RPI SSDC| layers 0-1 = {_fmt3(early)}, last layer = {_fmt3(last)} (early ≤ 0.05, last > early + 0.05)"
+
+def _check_static_prior(df):
+    c = _curve(df, 'nope', 'normal', 'untrained')
+    if c.empty: raise KeyError('nope untrained')
+    return _yes_no(c.min() > .1), f"untrained NoPE SSDC min over layers = {_fmt3(c.min())} (> 0.1)"
+
+def _check_unpermuted_uninformative(df):
+    c = _curve(df, 'nope', 'normal')
+    if c.empty: raise KeyError('nope')
+    return _yes_no(c.iloc[-1] > .3), f"trained NoPE unpermuted SSDC, last layer = {_fmt3(c.iloc[-1])} (> 0.3)"
+
+def _check_fragile(df, *conds):
+    ms = {c: _fs_measure(df, c) for c in conds}
+    quiet = [c for c, m in ms.items() if not _above_noise(m)]
+    if quiet: raise NotTestable(f"JPEG FS of {', '.join(condition_label(c) for c in quiet)} is within noise of 0 "
+                                f"({', '.join(str(ms[c]) for c in quiet)})")
+    return ms
+
+# %% ../nbs/10_report.ipynb #5ddfa777
+def _check_nope_fragile(df):
+    m = _check_fragile(df, 'nope', 'ape')
+    return _WORD[_order(m['nope'], m['ape'])], f"JPEG FS NoPE = {m['nope']}, APE = {m['ape']}"
+
+def _check_rope_robust(df):
+    m = _check_fragile(df, 'rope', 'ape', 'spe')
+    o = [_order(m['ape'], m['rope']), _order(m['spe'], m['rope'])]
+    return _WORD[1 if all(v == 1 for v in o) else -1 if -1 in o else 0], \
+        f"JPEG FS RoPE = {m['rope']}, APE = {m['ape']}, SPE = {m['spe']}"
+
+def _check_rpt_like_nope(df):
+    m = _check_fragile(df, 'rpt', 'nope', 'ape')
+    t, n, a = m['rpt'], m['nope'], m['ape']
+    gap = abs(t.mean - a.mean) - abs(t.mean - n.mean)
+    noise = 2 * math.sqrt(np.nansum([x.spread ** 2 for x in (t, n, a)]))
+    return _WORD[1 if gap > noise else -1 if gap < -noise else 0], f"JPEG FS RPT = {t}, NoPE = {n}, APE = {a}"
+
+def _check_pe_helps(df):
+    n = _acc_measure(df, 'nope'); others = {c: _acc_measure(df, c) for c in ('ape', 'spe', 'rope')}
+    o = [_order(v, n) for v in others.values()]
+    return _WORD[1 if all(v == 1 for v in o) else -1 if -1 in o else 0], \
+        "clean acc " + ", ".join(f"{condition_label(c)} {v}" for c, v in others.items()) + f", NoPE {n}"
+
+def _check_anchored_at_one(df):
+    d1 = _delta_measure(df, 'ape', _rpi_mode(df), alpha=1.)
+    if d1.mean < .1 or _order(d1, Measure(0., 0., d1.n_seeds)) != 1:
+        raise NotTestable(f"the APE is not anchored at α = 1 (ΔSSDC {d1}; needs ≥ 0.1 above noise): "
+                          "there is no anchoring to scale away")
+
+def _check_alpha_delta(df):
+    s = _sweep(df, 'ape', 'delta_ssdc')
+    if len(s) < 3: raise KeyError('alpha')
+    _check_anchored_at_one(df)
+    rho = stats.spearmanr(s.index, s.values).statistic
+    low = s[s.index <= .4]
+    return _yes_no(rho > .8 and (low.empty or low.abs().max() <= .05)), \
+        f"Spearman(α, ΔSSDC) = {_fmt3(rho)}, max |ΔSSDC| at α ≤ 0.4 = {_fmt3(low.abs().max() if len(low) else float('nan'))} (ρ > 0.8, ≤ 0.05)"
+
+def _check_alpha_fs(df):
+    s = _sweep(df, 'ape', 'fs')
+    if len(s) < 3: raise KeyError('alpha')
+    _check_anchored_at_one(df)
+    a_hi, a_lo = float(s.index.max()), float(s.index.min())
+    top, bottom = _fs_measure(df, 'ape', alpha=a_hi), _fs_measure(df, 'ape', alpha=a_lo)
+    if _order(bottom, top) == 0:
+        raise NotTestable(f"JPEG FS moves within noise over the sweep ({top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f})")
+    rho = stats.spearmanr(s.index, s.values).statistic
+    return _yes_no(rho < -.8), f"Spearman(α, JPEG FS) = {_fmt3(rho)} (< −0.8); FS {top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f}"
+
+# %% ../nbs/10_report.ipynb #82d470cb
 def _claims() -> list[tuple[str, str, Callable]]:
     "(claim, paper evidence, check(df) -> (verdict, our evidence)); checks raise KeyError when n/a, NotTestable when moot."
-    def near_zero(cond, tol):
-        def f(df):
-            c = _curve(df, cond, _rpi_mode(df))
-            if c.empty: raise KeyError(cond)
-            return _yes_no(c.abs().max() <= tol), f"max |RPI SSDC| over layers = {_fmt3(c.abs().max())} (tolerance {tol})"
-        return f
-    def ape_anchor(df):
-        c = _curve(df, 'ape', _rpi_mode(df))
-        if len(c) < 2: raise KeyError('ape')
-        d = c.iloc[1] - c.iloc[0]
-        return _yes_no(abs(c.iloc[0]) <= .05 and d > .1), f"RPI SSDC layer 0 = {_fmt3(c.iloc[0])}, ΔSSDC = {_fmt3(d)} (|l0| ≤ 0.05, Δ > 0.1)"
-    def spe_input(df):
-        c = _curve(df, 'spe', _rpi_mode(df))
-        if c.empty: raise KeyError('spe')
-        return _yes_no(c.iloc[0] > .05), f"RPI SSDC layer 0 = {_fmt3(c.iloc[0])} (> 0.05)"
-    def rope_gradual(df):
-        c = _curve(df, 'rope', _rpi_mode(df))
-        if len(c) < 3: raise KeyError('rope')
-        early, last = c.iloc[:2].abs().max(), c.iloc[-1]
-        return _yes_no(early <= .05 and last > early + .05), \
-            f"max |RPI SSDC| layers 0-1 = {_fmt3(early)}, last layer = {_fmt3(last)} (early ≤ 0.05, last > early + 0.05)"
-    def static_prior(df):
-        c = _curve(df, 'nope', 'normal', 'untrained')
-        if c.empty: raise KeyError('nope untrained')
-        return _yes_no(c.min() > .1), f"untrained NoPE SSDC min over layers = {_fmt3(c.min())} (> 0.1)"
-    def unpermuted_uninformative(df):
-        c = _curve(df, 'nope', 'normal')
-        if c.empty: raise KeyError('nope')
-        return _yes_no(c.iloc[-1] > .3), f"trained NoPE unpermuted SSDC, last layer = {_fmt3(c.iloc[-1])} (> 0.3)"
-    def fragile(df, *conds):
-        ms = {c: _fs_measure(df, c) for c in conds}
-        quiet = [c for c, m in ms.items() if not _above_noise(m)]
-        if quiet: raise NotTestable(f"JPEG FS of {', '.join(condition_label(c) for c in quiet)} is within noise of 0 "
-                                    f"({', '.join(str(ms[c]) for c in quiet)})")
-        return ms
-    def nope_fragile(df):
-        m = fragile(df, 'nope', 'ape')
-        return _WORD[_order(m['nope'], m['ape'])], f"JPEG FS NoPE = {m['nope']}, APE = {m['ape']}"
-    def rope_robust(df):
-        m = fragile(df, 'rope', 'ape', 'spe')
-        o = [_order(m['ape'], m['rope']), _order(m['spe'], m['rope'])]
-        return _WORD[1 if all(v == 1 for v in o) else -1 if -1 in o else 0], \
-            f"JPEG FS RoPE = {m['rope']}, APE = {m['ape']}, SPE = {m['spe']}"
-    def rpt_like_nope(df):
-        m = fragile(df, 'rpt', 'nope', 'ape')
-        t, n, a = m['rpt'], m['nope'], m['ape']
-        gap = abs(t.mean - a.mean) - abs(t.mean - n.mean)
-        noise = 2 * math.sqrt(np.nansum([x.spread ** 2 for x in (t, n, a)]))
-        return _WORD[1 if gap > noise else -1 if gap < -noise else 0], f"JPEG FS RPT = {t}, NoPE = {n}, APE = {a}"
-    def pe_helps(df):
-        n = _acc_measure(df, 'nope'); others = {c: _acc_measure(df, c) for c in ('ape', 'spe', 'rope')}
-        o = [_order(v, n) for v in others.values()]
-        return _WORD[1 if all(v == 1 for v in o) else -1 if -1 in o else 0], \
-            "clean acc " + ", ".join(f"{condition_label(c)} {v}" for c, v in others.items()) + f", NoPE {n}"
-    def anchored_at_one(df):
-        d1 = _delta_measure(df, 'ape', _rpi_mode(df), alpha=1.)
-        if d1.mean < .1 or _order(d1, Measure(0., 0., d1.n_seeds)) != 1:
-            raise NotTestable(f"the APE is not anchored at α = 1 (ΔSSDC {d1}; needs ≥ 0.1 above noise): "
-                              "there is no anchoring to scale away")
-    def alpha_delta(df):
-        s = _sweep(df, 'ape', 'delta_ssdc')
-        if len(s) < 3: raise KeyError('alpha')
-        anchored_at_one(df)
-        rho = stats.spearmanr(s.index, s.values).statistic
-        low = s[s.index <= .4]
-        return _yes_no(rho > .8 and (low.empty or low.abs().max() <= .05)), \
-            f"Spearman(α, ΔSSDC) = {_fmt3(rho)}, max |ΔSSDC| at α ≤ 0.4 = {_fmt3(low.abs().max() if len(low) else float('nan'))} (ρ > 0.8, ≤ 0.05)"
-    def alpha_fs(df):
-        s = _sweep(df, 'ape', 'fs')
-        if len(s) < 3: raise KeyError('alpha')
-        anchored_at_one(df)
-        a_hi, a_lo = float(s.index.max()), float(s.index.min())
-        top, bottom = _fs_measure(df, 'ape', alpha=a_hi), _fs_measure(df, 'ape', alpha=a_lo)
-        if _order(bottom, top) == 0:
-            raise NotTestable(f"JPEG FS moves within noise over the sweep ({top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f})")
-        rho = stats.spearmanr(s.index, s.values).statistic
-        return _yes_no(rho < -.8), f"Spearman(α, JPEG FS) = {_fmt3(rho)} (< −0.8); FS {top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f}"
     return [
         ("Without a PE, spatial structure is content-derived: NoPE's SSDC under RPI is ≈ 0 at every layer.",
-         "NoPE RPI SSDC .001–.007", near_zero('nope', .03)),
+         "NoPE RPI SSDC .001–.007", _check_near_zero('nope', .03)),
         ("RPT removes index anchoring: the RPT model's SSDC under RPI is ≈ 0 at every layer.",
-         "RPT RPI SSDC .008–.016", near_zero('rpt', .03)),
+         "RPT RPI SSDC .008–.016", _check_near_zero('rpt', .03)),
         ("A learned APE anchors structure to indices: ≈ 0 under RPI at the input, large after block 0 (ΔSSDC).",
-         "APE RPI .005 → .474, ΔSSDC .4725", ape_anchor),
+         "APE RPI .005 → .474, ΔSSDC .4725", _check_ape_anchor),
         ("A fixed sin-cos PE is index-anchored already at the input (RPI SSDC > 0 at layer 0).",
-         "SPE RPI layer 0 = .235", spe_input),
+         "SPE RPI layer 0 = .235", _check_spe_input),
         ("RoPE builds index-anchored structure gradually with depth (≈ 0 early, rising late under RPI).",
-         "RoPE RPI −.008 (l0–1) → .321 (l11)", rope_gradual),
+         "RoPE RPI −.008 (l0–1) → .321 (l11)", _check_rope_gradual),
         ("Even an untrained NoPE ViT has positive SSDC (a static prior from content): absolute SSDC is not informative alone.",
-         "untrained NoPE .577 → .664", static_prior),
+         "untrained NoPE .577 → .664", _check_static_prior),
         ("Unpermuted SSDC is high for every trained model, NoPE included.",
-         "NoPE unpermuted last layer .654", unpermuted_uninformative),
-        ("Models without index anchoring are more fragile: NoPE's JPEG FS exceeds APE's.",
-         "JPEG FS NoPE .6458 vs APE .4347", nope_fragile),
-        ("RoPE is the least JPEG-fragile PE (below APE and SPE).",
-         "JPEG FS RoPE .2988, APE .4347, SPE .4351", rope_robust),
+         "NoPE unpermuted last layer .654", _check_unpermuted_uninformative),
+        ("Models without index anchoring are more _check_fragile: NoPE's JPEG FS exceeds APE's.",
+         "JPEG FS NoPE .6458 vs APE .4347", _check_nope_fragile),
+        ("RoPE is the least JPEG-_check_fragile PE (below APE and SPE).",
+         "JPEG FS RoPE .2988, APE .4347, SPE .4351", _check_rope_robust),
         ("RPT's fragility is NoPE-like, not APE-like (same PE, no anchoring).",
-         "JPEG FS RPT .6297, NoPE .6458, APE .4347", rpt_like_nope),
+         "JPEG FS RPT .6297, NoPE .6458, APE .4347", _check_rpt_like_nope),
         ("Every PE improves clean accuracy over NoPE.",
-         "APE .6406, SPE .6568, RoPE .6901 vs NoPE .5682", pe_helps),
+         "APE .6406, SPE .6568, RoPE .6901 vs NoPE .5682", _check_pe_helps),
         ("Scaling the APE down collapses ΔSSDC (monotone in α, ≈ 0 at α ≤ 0.4).",
-         "ΔSSDC .4725 (α=1) → 0 (α ≤ .4)", alpha_delta),
+         "ΔSSDC .4725 (α=1) → 0 (α ≤ .4)", _check_alpha_delta),
         ("Scaling the APE down raises JPEG fragility (monotone in α).",
-         "FS .4338 (α=1) → .6522 (α=.1)", alpha_fs),
+         "FS .4338 (α=1) → .6522 (α=.1)", _check_alpha_fs),
     ]
 
+# %% ../nbs/10_report.ipynb #3e756280
 def verdicts(df: pd.DataFrame) -> pd.DataFrame:
     "One row per claim: the claim, the paper's evidence, ours, and the verdict (yes / no / inconclusive / not testable / n/a)."
     rows = []
@@ -476,6 +497,7 @@ def report_meta(path: str | Path) -> dict:
         meta['ssdc_sample'] = {k: v for k, v in s.items() if k != 'indices'}
     return meta
 
+# %% ../nbs/10_report.ipynb #b129a9cd
 def write_report(results: str | Path | pd.DataFrame,   # an experiment directory, a results CSV, or a table
                  dest: str | Path | None = None,       # default: `<experiment dir>/report`
                  title: str | None = None,

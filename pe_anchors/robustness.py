@@ -171,6 +171,7 @@ def _check_kernel(kernel_size):
                                     or kernel_size < 1 or kernel_size % 2 == 0):
         raise ValueError(f"kernel_size must be a positive odd integer (or None for 2*round(4*sigma)+1), got {kernel_size!r}")
 
+# %% ../nbs/08_robustness.ipynb #8a3a073e
 class GaussianBlur(Shift):
     "Per-channel Gaussian blur; σ (and kernel) in pixels at `ref_size`, rescaled to `img_size` when given."
     kind = 'blur'
@@ -282,6 +283,7 @@ def channel_mean(batches: Iterable) -> tuple[float, ...]:
     if not n: raise ValueError("batches yielded no images")
     return tuple((total / n / 255).tolist())
 
+# %% ../nbs/08_robustness.ipynb #82555b06
 class PatchMask(Shift):
     "Set a random fraction `ratio` of the `grid` patches of every image to the colour `fill` (seeded, exact count)."
     kind = 'mask'
@@ -403,6 +405,7 @@ def _split(batch):
         raise ValueError("batches must yield (images, labels) pairs of uint8 (B, C, H, W) and long (B,) tensors")
     return batch[0], torch.as_tensor(batch[1])
 
+# %% ../nbs/08_robustness.ipynb #cbb380a7
 @torch.no_grad()
 def evaluate_accuracy(model: nn.Module,
                       batches: Iterable,                     # (uint8 images (B, C, S, S), labels (B,)) pairs
@@ -490,6 +493,7 @@ def _load_cached(path: Path, key: dict):
         warnings.warn(f"ignoring damaged cache file {path} ({e}); recomputing it")
         return None
 
+# %% ../nbs/08_robustness.ipynb #e52556d2
 def shifted_set(batches: Iterable,                         # (uint8 images, labels) pairs, in a fixed order
                 shift: Shift | None,                       # None: the clean set (a cache needs a `Shift`)
                 device: torch.device | str = 'cpu',        # where the shift runs
@@ -523,8 +527,6 @@ def shifted_set(batches: Iterable,                         # (uint8 images, labe
                      dict(key=json.dumps(key, sort_keys=True),
                           description='clean' if shift is None else shift.description()))
     return images, labels
-
-
 
 # %% ../nbs/08_robustness.ipynb #b63f1c0f
 def _model_items(models) -> list[tuple[str, int, nn.Module]]:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from scipy.stats import ConstantInputWarning
+from fastcore.basics import patch
 
 from .core import grid_hw, grid_coords, check_choice, check_finite, pbar
 from .results import result_frame
@@ -102,6 +103,7 @@ def average_ranks(x: torch.Tensor) -> torch.Tensor: # (..., n) -> (..., n) float
         out[s:s + step].scatter_(1, order.long(), ranks)
     return out.reshape(*lead, n)
 
+# %% ../nbs/06_ssdc.ipynb #69854e82
 def spearman(a: torch.Tensor, # (..., n)
              b: torch.Tensor, # (..., n), broadcastable with `a` over the leading dims
             ) -> torch.Tensor: # (...) float64; NaN (with a warning) where a row is constant
@@ -204,6 +206,7 @@ def ssdc_per_image(features: torch.Tensor,           # (..., B, N, C) patch toke
            for s in range(0, B, per)]
     return torch.cat(out, dim=-1)
 
+# %% ../nbs/06_ssdc.ipynb #80252a3d
 class SSDCAccumulator:
     "Streaming SSDC: feed `(L, B, N, C)` patch-token batches to `update`; memory stays `(L, N, N)` (+ per-image values)."
     def __init__(self,
@@ -250,46 +253,54 @@ class SSDCAccumulator:
         self.n_images += B
         return self
 
-    def _need_data(self):
-        if not self.n_images: raise ValueError("no images were accumulated: the loader / feature batches were empty")
+# %% ../nbs/06_ssdc.ipynb #26672619
+@patch
+def _need_data(self: SSDCAccumulator):
+    if not self.n_images: raise ValueError("no images were accumulated: the loader / feature batches were empty")
 
-    def mean_similarity(self) -> torch.Tensor: # (L, N, N) float64
-        "The cosine-similarity matrices averaged over all images seen."
-        self._need_data()
-        if not self.pooled: raise ValueError("this accumulator keeps per-image SSDC only (pooled=False): matrices made "
-                                             "under different permutations must not be averaged")
-        return self.sim_sum / self.n_images
+@patch
+def mean_similarity(self: SSDCAccumulator) -> torch.Tensor: # (L, N, N) float64
+    "The cosine-similarity matrices averaged over all images seen."
+    self._need_data()
+    if not self.pooled: raise ValueError("this accumulator keeps per-image SSDC only (pooled=False): matrices made "
+                                         "under different permutations must not be averaged")
+    return self.sim_sum / self.n_images
 
-    def compute(self) -> torch.Tensor: # (L,) float64
-        "The paper's SSDC per layer: Spearman of the image-averaged similarity with minus the distance."
-        return ssdc_from_similarity(self.mean_similarity(), self.grid_size, self.metric)
+@patch
+def compute(self: SSDCAccumulator) -> torch.Tensor: # (L,) float64
+    "The paper's SSDC per layer: Spearman of the image-averaged similarity with minus the distance."
+    return ssdc_from_similarity(self.mean_similarity(), self.grid_size, self.metric)
 
-    def image_values(self) -> torch.Tensor: # (L, n_images) float64
-        "Each image's SSDC (needs `per_image=True`)."
-        if not self.per_image: raise ValueError("per-image SSDC was not recorded: create the accumulator with per_image=True")
-        self._need_data()
-        return torch.cat(self._image_values, dim=1)
+@patch
+def image_values(self: SSDCAccumulator) -> torch.Tensor: # (L, n_images) float64
+    "Each image's SSDC (needs `per_image=True`)."
+    if not self.per_image: raise ValueError("per-image SSDC was not recorded: create the accumulator with per_image=True")
+    self._need_data()
+    return torch.cat(self._image_values, dim=1)
 
-    def image_summary(self, level: float = .95, n_boot: int = 2000, seed: int = 0) -> dict[str, np.ndarray]:
-        "Mean per-image SSDC per layer with its bootstrap interval: keys `value`, `ci_low`, `ci_high`, `n_undefined`."
-        v = self.image_values().numpy()
-        bad = (~np.isfinite(v)).sum(1)
-        if bad.any(): warnings.warn(f"{int(bad.max())} image(s) have a constant similarity matrix (no SSDC); left out")
-        mean, lo, hi = bootstrap_ci(v, level, n_boot, seed)
-        return dict(value=mean, ci_low=lo, ci_high=hi, n_undefined=bad)
+@patch
+def image_summary(self: SSDCAccumulator, level: float = .95, n_boot: int = 2000, seed: int = 0) -> dict[str, np.ndarray]:
+    "Mean per-image SSDC per layer with its bootstrap interval: keys `value`, `ci_low`, `ci_high`, `n_undefined`."
+    v = self.image_values().numpy()
+    bad = (~np.isfinite(v)).sum(1)
+    if bad.any(): warnings.warn(f"{int(bad.max())} image(s) have a constant similarity matrix (no SSDC); left out")
+    mean, lo, hi = bootstrap_ci(v, level, n_boot, seed)
+    return dict(value=mean, ci_low=lo, ci_high=hi, n_undefined=bad)
 
-    def to_frame(self, level: float = .95, n_boot: int = 2000, boot_seed: int = 0, **meta) -> pd.DataFrame:
-        "Tidy rows (`RESULT_COLUMNS` + `n_images`): metric `'ssdc'` per layer, and `'ssdc_image'` with its interval."
-        rows = []
-        if self.pooled:
-            rows = [dict(metric='ssdc', layer=l, value=float(v), n_images=self.n_images)
-                    for l, v in zip(self.layers, self.compute().cpu().numpy())]
-        if self.per_image:
-            s = self.image_summary(level, n_boot, boot_seed)
-            rows += [dict(metric='ssdc_image', layer=l, value=float(s['value'][i]), ci_low=float(s['ci_low'][i]),
-                          ci_high=float(s['ci_high'][i]), n_images=self.n_images) for i, l in enumerate(self.layers)]
-        return result_frame(rows, **meta)
+@patch
+def to_frame(self: SSDCAccumulator, level: float = .95, n_boot: int = 2000, boot_seed: int = 0, **meta) -> pd.DataFrame:
+    "Tidy rows (`RESULT_COLUMNS` + `n_images`): metric `'ssdc'` per layer, and `'ssdc_image'` with its interval."
+    rows = []
+    if self.pooled:
+        rows = [dict(metric='ssdc', layer=l, value=float(v), n_images=self.n_images)
+                for l, v in zip(self.layers, self.compute().cpu().numpy())]
+    if self.per_image:
+        s = self.image_summary(level, n_boot, boot_seed)
+        rows += [dict(metric='ssdc_image', layer=l, value=float(s['value'][i]), ci_low=float(s['ci_low'][i]),
+                      ci_high=float(s['ci_high'][i]), n_images=self.n_images) for i, l in enumerate(self.layers)]
+    return result_frame(rows, **meta)
 
+# %% ../nbs/06_ssdc.ipynb #07f6b5e7
 def ssdc(features: torch.Tensor,          # (..., B, N, C): L layers (optional) x B images x N patch tokens x C
          grid_size: int | Sequence[int],
          metric: str = 'manhattan',
@@ -342,6 +353,7 @@ def patch_token_batches(model: nn.Module,
     if max_images is not None and 0 < seen < max_images:
         warnings.warn(f"max_images={max_images} but the loader had only {seen} images")
 
+# %% ../nbs/06_ssdc.ipynb #fb7d553b
 def ssdc_curve(model: nn.Module,
                batches: Iterable,                   # image batches: tensors or tuples (x, y, ...)
                grid_size: int | Sequence[int] | None = None, # default: `model.patch_embed.grid_size`

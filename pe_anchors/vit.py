@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
+from fastcore.basics import patch
 
 from .core import check_choice, current_umask, grid_hw, image_rng
-from .pos_embed import PosEmbed, create_pos_embed, PE_NAMES
+from .pos_embed import apply_rope, create_pos_embed, PE_NAMES
 
 # %% auto #0
 __all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'TAP_POINTS',
@@ -50,8 +51,9 @@ class ConvQKV(nn.Module):
 
     def extra_repr(self) -> str: return f"grid_size={self.grid_size}, kernel_size={self.kernel_size}"
 
+# %% ../nbs/02_vit.ipynb #0d666862
 class Attention(nn.Module):
-    "Multi-head self-attention with fused qkv and an optional rotary step applied to q and k."
+    "Multi-head self-attention with fused qkv, an optional rotation of q and k (a `rope` table) and an optional logit bias."
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0., proj_drop: float = 0.,
                  qkv_proj: str = 'linear',                 # 'linear' (ViT) or 'conv' (depthwise conv first, Xu 2025)
                  grid_size: int | Sequence[int] | None = None, # patch grid, needed by qkv_proj='conv'
@@ -79,12 +81,16 @@ class Attention(nn.Module):
             qkv = torch.einsum('sbnc,sdc->bnsd', xs, w) + (0. if b is None else b.view(3, C))
         return qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
 
-    def forward(self, x: torch.Tensor, pos_embed: PosEmbed | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor,
+                rope: torch.Tensor | None = None,       # (1 or H, N - P, 2D) [sin | cos] for the patch tokens (timm's Eva)
+                attn_bias: torch.Tensor | None = None,  # (1, H, N, N) added to the attention logits
+               ) -> torch.Tensor:
         B, N, C = x.shape
         q, k, v = self._qkv(x).unbind(0)                          # (B, H, N, D)
-        if pos_embed is not None and pos_embed.rotary: q, k = pos_embed.rotate(q, k, layer)
-        bias = pos_embed.attn_bias(layer) if pos_embed is not None and pos_embed.biased else None   # (1, H, N, N)
-        if bias is not None: bias = bias.to(q.dtype)
+        if rope is not None:                                      # prefix (CLS) tokens are not rotated
+            p = N - rope.shape[-2]
+            q, k = (torch.cat([t[..., :p, :], apply_rope(t[..., p:, :], rope)], dim=-2) for t in (q, k))
+        bias = None if attn_bias is None else attn_bias.to(q.dtype)
         if self.fused_attn:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.)
         else:
@@ -93,6 +99,7 @@ class Attention(nn.Module):
             x = self.attn_drop(attn.softmax(dim=-1)) @ v
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
 
+# %% ../nbs/02_vit.ipynb #ffee9a8c
 class Block(nn.Module):
     "Pre-LN transformer block; `norm1`'s output is the paper's SSDC measurement point."
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True, proj_drop: float = 0.,
@@ -108,8 +115,8 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop if mlp_drop is None else mlp_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
-    def forward(self, x: torch.Tensor, pos_embed: PosEmbed | None = None) -> torch.Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x), pos_embed, self.layer))
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x), rope, attn_bias))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 # %% ../nbs/02_vit.ipynb #d4c20822
@@ -171,104 +178,23 @@ class PEViT(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights(style)
 
-    def init_weights(self, style: str = 'timm'):
-        "timm: truncated-normal linear weights (std .02), zero biases, CLS ~ N(0, 1e-6); released: PyTorch defaults, N(0, 1) CLS and position rows."
-        if check_choice('model style', style, MODEL_STYLES) == 'released':
-            for m in self.modules():
-                if isinstance(m, (nn.Linear, nn.Conv2d, nn.LayerNorm, nn.BatchNorm2d)): m.reset_parameters()
-            nn.init.normal_(self.cls_token)                          # torch.randn, as the released model
-            for name, t in self.pos_embed.named_parameters():        # an nn.Embedding table there: N(0, 1)
-                if name.split('.')[-1] in ('pos_embed', 'prefix_pos'): nn.init.normal_(t)
-            return
-        nn.init.normal_(self.cls_token, std=1e-6)
-        def _init(m):
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None: nn.init.zeros_(m.bias)
-        self.apply(_init)
-
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        "Names of the position/CLS parameters that should not be weight-decayed."
-        pe = getattr(self.pos_embed, 'no_weight_decay', lambda: set())()
-        return {'cls_token'} | {f'pos_embed.{n}' for n in pe}
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict:
-        "Parameter groups for timm's optimiser factory (layer-wise learning-rate decay): stem, then one group per block."
-        return dict(stem=r'^cls_token|^pos_embed|^patch_embed', blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True):
-        "Recompute block activations in the backward pass (less memory, more compute), as timm's ViTs."
-        self.grad_checkpointing = enable
-
-    def get_classifier(self) -> nn.Module: return self.head
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None):
-        "A new head for `num_classes` (0: none); the recorded config follows, so checkpoints rebuild the same model."
-        if global_pool is not None: self.global_pool = check_choice('global_pool', global_pool, GLOBAL_POOLS)
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if hasattr(self, 'model_kwargs'): self.model_kwargs = {**self.model_kwargs, 'num_classes': num_classes,
-                                                               'global_pool': self.global_pool}
-        if hasattr(self, 'pretrained_cfg'): self.pretrained_cfg = {**self.pretrained_cfg, 'num_classes': num_classes}
-
     def _embed(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C), entering block 0
         x = self.patch_embed(x)                                  # (B, N, C): the token-permutation hook point
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
         return self.pos_drop(self.pos_embed(x))
 
     def _block(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        "One block with the PE's inputs for it: its rotation table and attention bias, as keyword arguments (as timm's Eva)."
+        pe, i = self.pos_embed, blk.layer
+        kw = dict(rope=pe.rope(i) if pe.rotary else None, attn_bias=pe.attn_bias(i) if pe.biased else None)
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return torch.utils.checkpoint.checkpoint(blk, x, self.pos_embed, use_reentrant=False)
-        return blk(x, self.pos_embed)
+            return torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False, **kw)
+        return blk(x, **kw)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C)
         x = self._embed(x)
         for i, blk in enumerate(self.blocks): x = self.pos_embed.after_block(self._block(blk, x), i)
         return self.norm(x)
-
-    def set_input_size(self, img_size: int | Sequence[int]):
-        "Adapt to another input resolution: the patch grid, the PE (resampled or recomputed) and conv projections."
-        self.patch_embed.set_input_size(img_size=img_size)
-        self.grid_size = self.patch_embed.grid_size
-        self.pos_embed.set_grid_size(self.grid_size)
-        for blk in self.blocks:
-            if blk.attn.conv_qkv is not None: blk.attn.conv_qkv.grid_size = grid_hw(self.grid_size)
-        if hasattr(self, 'pretrained_cfg'):
-            s = self.patch_embed.img_size
-            self.pretrained_cfg = {**self.pretrained_cfg, 'input_size': (3, *s)}
-
-    def forward_intermediates(self, x: torch.Tensor,
-                              indices: int | Sequence[int] | None = None, # last n blocks (int) or these blocks (None: all)
-                              return_prefix_tokens: bool = False,
-                              norm: bool = False,                          # apply the final norm to the intermediates
-                              stop_early: bool = False,                    # skip the blocks after the last one taken
-                              output_fmt: str = 'NCHW',                    # 'NCHW' (grid) or 'NLC' (tokens)
-                              intermediates_only: bool = False):
-        "timm's intermediate-feature API: block outputs (patch tokens) of `indices`, and the final features."
-        from timm.models._features import feature_take_indices
-        check_choice('output_fmt', output_fmt, ('NCHW', 'NLC'))
-        take, last = feature_take_indices(len(self.blocks), indices)
-        x, out, p = self._embed(x), [], self.num_prefix_tokens
-        for i, blk in enumerate(self.blocks[:last + 1] if stop_early else self.blocks):
-            x = self.pos_embed.after_block(self._block(blk, x), i)
-            if i in take: out.append(self.norm(x) if norm else x)
-        prefix, out = [y[:, :p] for y in out], [y[:, p:] for y in out]
-        if output_fmt == 'NCHW':
-            h, w = self.grid_size
-            out = [y.reshape(y.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for y in out]
-        if return_prefix_tokens: out = list(zip(out, prefix))
-        return out if intermediates_only else (self.norm(x), out)
-
-    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True):
-        "Drop the blocks after the last of `indices` (and the norm / head): what timm's feature extractor calls."
-        from timm.models._features import feature_take_indices
-        take, last = feature_take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[:last + 1]
-        if prune_norm: self.norm = nn.Identity()
-        if prune_head: self.reset_classifier(0, '')
-        return take
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == 'token': x = x[:, 0]                              # CLS token (the paper's)
@@ -277,6 +203,103 @@ class PEViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+# %% ../nbs/02_vit.ipynb #afd090d5
+@patch
+def init_weights(self: PEViT, style: str = 'timm'):
+    "timm: truncated-normal linear weights (std .02), zero biases, CLS ~ N(0, 1e-6); released: PyTorch defaults, N(0, 1) CLS and position rows."
+    if check_choice('model style', style, MODEL_STYLES) == 'released':
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d, nn.LayerNorm, nn.BatchNorm2d)): m.reset_parameters()
+        nn.init.normal_(self.cls_token)                          # torch.randn, as the released model
+        for name, t in self.pos_embed.named_parameters():        # an nn.Embedding table there: N(0, 1)
+            if name.split('.')[-1] in ('pos_embed', 'prefix_pos'): nn.init.normal_(t)
+        return
+    nn.init.normal_(self.cls_token, std=1e-6)
+    def _init(m):
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=.02)
+            if m.bias is not None: nn.init.zeros_(m.bias)
+    self.apply(_init)
+
+@patch
+@torch.jit.ignore
+def no_weight_decay(self: PEViT) -> set[str]:
+    "Names of the position/CLS parameters that should not be weight-decayed."
+    pe = getattr(self.pos_embed, 'no_weight_decay', lambda: set())()
+    return {'cls_token'} | {f'pos_embed.{n}' for n in pe}
+
+@patch
+def get_classifier(self: PEViT) -> nn.Module: return self.head
+
+# %% ../nbs/02_vit.ipynb #d4d41107
+@patch
+@torch.jit.ignore
+def group_matcher(self: PEViT, coarse: bool = False) -> dict:
+    "Parameter groups for timm's optimiser factory (layer-wise learning-rate decay): stem, then one group per block."
+    return dict(stem=r'^cls_token|^pos_embed|^patch_embed', blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
+
+@patch
+@torch.jit.ignore
+def set_grad_checkpointing(self: PEViT, enable: bool = True):
+    "Recompute block activations in the backward pass (less memory, more compute), as timm's ViTs."
+    self.grad_checkpointing = enable
+
+@patch
+def reset_classifier(self: PEViT, num_classes: int, global_pool: str | None = None):
+    "A new head for `num_classes` (0: none); the recorded config follows, so checkpoints rebuild the same model."
+    if global_pool is not None: self.global_pool = check_choice('global_pool', global_pool, GLOBAL_POOLS)
+    self.num_classes = num_classes
+    self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+    if hasattr(self, 'model_kwargs'): self.model_kwargs = {**self.model_kwargs, 'num_classes': num_classes,
+                                                           'global_pool': self.global_pool}
+    if hasattr(self, 'pretrained_cfg'): self.pretrained_cfg = {**self.pretrained_cfg, 'num_classes': num_classes}
+
+# %% ../nbs/02_vit.ipynb #26d1c246
+@patch
+def forward_intermediates(self: PEViT, x: torch.Tensor,
+                          indices: int | Sequence[int] | None = None, # last n blocks (int) or these blocks (None: all)
+                          return_prefix_tokens: bool = False,
+                          norm: bool = False,                          # apply the final norm to the intermediates
+                          stop_early: bool = False,                    # skip the blocks after the last one taken
+                          output_fmt: str = 'NCHW',                    # 'NCHW' (grid) or 'NLC' (tokens)
+                          intermediates_only: bool = False):
+    "timm's intermediate-feature API: block outputs (patch tokens) of `indices`, and the final features."
+    from timm.models._features import feature_take_indices
+    check_choice('output_fmt', output_fmt, ('NCHW', 'NLC'))
+    take, last = feature_take_indices(len(self.blocks), indices)
+    x, out, p = self._embed(x), [], self.num_prefix_tokens
+    for i, blk in enumerate(self.blocks[:last + 1] if stop_early else self.blocks):
+        x = self.pos_embed.after_block(self._block(blk, x), i)
+        if i in take: out.append(self.norm(x) if norm else x)
+    prefix, out = [y[:, :p] for y in out], [y[:, p:] for y in out]
+    if output_fmt == 'NCHW':
+        h, w = self.grid_size
+        out = [y.reshape(y.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for y in out]
+    if return_prefix_tokens: out = list(zip(out, prefix))
+    return out if intermediates_only else (self.norm(x), out)
+
+@patch
+def prune_intermediate_layers(self: PEViT, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True):
+    "Drop the blocks after the last of `indices` (and the norm / head): what timm's feature extractor calls."
+    from timm.models._features import feature_take_indices
+    take, last = feature_take_indices(len(self.blocks), indices)
+    self.blocks = self.blocks[:last + 1]
+    if prune_norm: self.norm = nn.Identity()
+    if prune_head: self.reset_classifier(0, '')
+    return take
+
+@patch
+def set_input_size(self: PEViT, img_size: int | Sequence[int]):
+    "Adapt to another input resolution: the patch grid, the PE (resampled or recomputed) and conv projections."
+    self.patch_embed.set_input_size(img_size=img_size)
+    self.grid_size = self.patch_embed.grid_size
+    self.pos_embed.set_grid_size(self.grid_size)
+    for blk in self.blocks:
+        if blk.attn.conv_qkv is not None: blk.attn.conv_qkv.grid_size = grid_hw(self.grid_size)
+    if hasattr(self, 'pretrained_cfg'):
+        s = self.patch_embed.img_size
+        self.pretrained_cfg = {**self.pretrained_cfg, 'input_size': (3, *s)}
 
 # %% ../nbs/02_vit.ipynb #aee2cc94
 MODEL_CONFIGS = {
@@ -338,6 +361,7 @@ def pe_vit_nano_patch2_16(pretrained=False, **kwargs) -> PEViT:
     "Digits config: 16 px (digits upsampled), patch 2 (8x8 grid), 64 x 4, 4 heads; trains on a CPU in seconds."
     return create_pe_vit('pe_vit_nano_patch2_16', pretrained=pretrained, **kwargs)
 
+# %% ../nbs/02_vit.ipynb #53a581f3
 @register_model
 def pe_vit_nano_patch4_32(pretrained=False, **kwargs) -> PEViT:
     "CIFAR-10 on a CPU: 32 px, patch 4 (8x8 grid), 64 x 4, 4 heads (the nano width at CIFAR's own resolution)."
@@ -351,6 +375,7 @@ def pe_vit_nano_patch1_8(pretrained=False, **kwargs) -> PEViT:
 # %% ../nbs/02_vit.ipynb #10bd2f61
 TAP_POINTS = ('ln1', 'resid', 'block')
 
+# %% ../nbs/02_vit.ipynb #db1aaba3
 class TokenRecorder:
     "Record per-block residual-stream features of `model` through forward hooks (removed on exit)."
     def __init__(self,
@@ -424,6 +449,7 @@ def image_perms(seed: int, start: int, n: int, num_tokens: int) -> torch.Tensor:
     "The permutations of images `start .. start + n - 1` of a pass seeded with `seed`: one generator per (seed, image)."
     return torch.from_numpy(np.stack([image_rng(seed, start + i).permutation(num_tokens) for i in range(n)]))
 
+# %% ../nbs/02_vit.ipynb #08144758
 class TokenPermutation:
     "Forward hook on `model.patch_embed` that permutes the patch tokens (before CLS and the PE are added)."
     def __init__(self,

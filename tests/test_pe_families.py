@@ -40,15 +40,15 @@ def test_attention_with_a_bias_against_a_written_out_softmax():
     x = torch.randn(2, 3, 16, 16)
     blk, attn = m.blocks[1], m.blocks[1].attn
     tokens = m._embed(x)
-    tokens = m.blocks[0](tokens, m.pos_embed)
+    tokens = m.blocks[0](tokens, attn_bias=m.pos_embed.attn_bias(0))
     h = blk.norm1(tokens)
     q, k, v = attn._qkv(h).unbind(0)
     bias = m.pos_embed.attn_bias(1)
     logits = torch.einsum('bhnd,bhmd->bhnm', q, k) / math.sqrt(attn.head_dim) + bias
     want = attn.proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(2, -1, 32))
-    torch.testing.assert_close(attn(h, m.pos_embed, 1), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attn(h, attn_bias=bias), want, atol=1e-5, rtol=1e-5)
     attn.fused_attn = False
-    torch.testing.assert_close(attn(h, m.pos_embed, 1), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attn(h, attn_bias=bias), want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize('pe', ['rpb', 'peg', 'alibi'])

@@ -70,6 +70,7 @@ class RPT(TokenPermutationCallback):
     "Random Permutation Training: a fresh permutation in every training forward pass ('batch' or 'sample'); evaluation untouched."
     run_valid, modes = False, TRAIN_PERM_MODES
 
+# %% ../../nbs/04_callback.permute.ipynb #3b100ca0
 class RPI(TokenPermutationCallback):
     "Random Permutation at Inference in every evaluation pass (validate, get_preds): one seeded 'draw', or one per 'image'."
     run_train, modes = False, INFERENCE_PERM_MODES

@@ -69,6 +69,7 @@ def split_images(n_images: int, test_frac: float = .25, seed: int = 0) -> tuple[
     n_test = min(n_images - 1, max(1, round(n_images * test_frac)))
     return perm[n_test:].sort().values, perm[:n_test].sort().values
 
+# %% ../../nbs/11_mech.position.ipynb #24686e26
 class PositionProbe:
     "A linear head from a patch token to its grid position, row or column."
     def __init__(self, grid_size: int | Sequence[int], target: str = 'position'):
@@ -200,14 +201,15 @@ def position_removed(model: nn.Module):
 ROPE_AXES = ('row', 'col', 'all')
 
 def _rotary_kind(model: nn.Module) -> str:
+    "Check that the model's blocks take a `rope` table (a rotary PEViT, or a timm Eva / vit_*_rope)."
     pe = getattr(model, 'pos_embed', None)
-    if isinstance(pe, PosEmbed) and pe.rotary: return 'pevit'
-    if getattr(model, 'rope', None) is not None and hasattr(model, 'blocks'): return 'timm'
-    raise ValueError(f"{type(model).__name__} has no rotary position embedding: expected a PEViT with pe='rope' or "
-                     "'rope_mixed', or a timm Eva / vit_*_rope model")
+    if (isinstance(pe, PosEmbed) and pe.rotary) or (getattr(model, 'rope', None) is not None and hasattr(model, 'blocks')):
+        return 'rotary'
+    raise ValueError(f"{type(model).__name__} has no rotary position embedding: expected a PEViT with a rotary pe "
+                     "('rope', 'rope_mixed', 'ape_rope', 'rope_dinov3'), or a timm Eva / vit_*_rope model")
 
-def _timm_ropes(model: nn.Module) -> list[torch.Tensor]:
-    "The `rope` tensor each block of a timm Eva receives, recorded in one eval forward pass of a blank image."
+def _block_ropes(model: nn.Module) -> list[torch.Tensor]:
+    "The `rope` table each block receives (PEViT and timm's Eva alike), recorded in one eval forward pass of a blank image."
     ropes, blocks = {}, model.blocks
     hooks = [b.register_forward_pre_hook(lambda m, a, kw, i=i: ropes.__setitem__(i, kw.get('rope')), with_kwargs=True,
                                          prepend=True)          # before any knockout hook: the model's own tables
@@ -224,28 +226,36 @@ def _timm_ropes(model: nn.Module) -> list[torch.Tensor]:
         raise ValueError(f"the blocks of {type(model).__name__} received no `rope` argument: not a rotary timm model")
     return [ropes[i] for i in range(len(blocks))]
 
-def _timm_layout(sin: torch.Tensor) -> str:
-    "How a timm rope table pairs its elements into planes: (2i, 2i+1) 'interleaved' or (i, i + D/2) 'half'."
+def _rope_layout(sin: torch.Tensor) -> str:
+    "How a rope table pairs elements into planes: (2i, 2i+1) 'interleaved', (i, i + D/2) 'half' (timm) or 'quarters' (PEViT)."
     d = sin.shape[-1]
     if torch.equal(sin[..., 0::2], sin[..., 1::2]): return 'interleaved'
     if torch.equal(sin[..., :d // 2], sin[..., d // 2:]): return 'half'
-    raise ValueError("unrecognised timm rope layout: the sine table pairs no elements")
+    n = d // 4                                                         # PEViT: i with i + D/4 inside each half
+    if torch.equal(sin[..., :n], sin[..., n:2 * n]) and torch.equal(sin[..., 2 * n:3 * n], sin[..., 3 * n:]): return 'quarters'
+    raise ValueError("unrecognised rope layout: the sine table pairs no elements")
 
-def _rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, str | None]:
-    "`rotary_tables` and, for a timm model, the layout of its rope tensors (None for a PEViT)."
-    kind, depth = _rotary_kind(model), len(model.blocks)
-    if kind == 'pevit':
-        pe = model.pos_embed
-        a = torch.stack([pe.base_angles(i if pe.depth > 1 else 0).detach().float() for i in range(depth)])
-        return a.sin(), a.cos(), None
+def _planes(t: torch.Tensor, layout: str) -> torch.Tensor: # (..., D) element table -> (..., D/2) one value per plane
+    if layout == 'interleaved': return t[..., 0::2]
+    if layout == 'half': return t[..., :t.shape[-1] // 2]
+    n = t.shape[-1] // 4
+    return torch.cat([t[..., :n], t[..., 2 * n:3 * n]], -1)
+
+def _elements(m: torch.Tensor, layout: str) -> torch.Tensor: # (..., D/2) per plane -> (..., D) per element
+    if layout == 'interleaved': return m.repeat_interleave(2, -1)
+    if layout == 'half': return torch.cat([m, m], -1)
+    h = m.reshape(*m.shape[:-1], 2, m.shape[-1] // 2)
+    return torch.cat([h, h], -1).reshape(*m.shape[:-1], 2 * m.shape[-1])
+
+def _rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, str]:
+    "`rotary_tables` and the element layout of the model's rope tables (one code path for PEViT and timm)."
+    _rotary_kind(model)
     sins, coss = [], []
-    for r in _timm_ropes(model):
+    for r in _block_ropes(model):
         s, c = r.detach().float().chunk(2, -1)
         if s.ndim == 2: s, c = s[None], c[None]                      # (1, N, D): shared by all heads
-        layout = _timm_layout(s)
-        if layout == 'interleaved': s, c = s[..., 0::2], c[..., 0::2]
-        else: s, c = s[..., :s.shape[-1] // 2], c[..., :c.shape[-1] // 2]
-        sins.append(s); coss.append(c)
+        layout = _rope_layout(s)
+        sins.append(_planes(s, layout)); coss.append(_planes(c, layout))
     heads = max(s.shape[0] for s in sins)
     return (torch.stack([s.expand(heads, -1, -1) for s in sins]).cpu(),
             torch.stack([c.expand(heads, -1, -1) for c in coss]).cpu(), layout)
@@ -254,6 +264,7 @@ def rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]: # sin,
     "Sine and cosine of each block's (unmasked) rotation angle for every patch token and plane."
     return _rotary_tables(model)[:2]
 
+# %% ../../nbs/11_mech.position.ipynb #bf0841ed
 def _classify_planes(model: nn.Module, sin: torch.Tensor, cos: torch.Tensor, tol: float = 1e-5) -> np.ndarray:
     L, Hh, N, P = sin.shape
     gh, gw = model_grid_size(model)
@@ -300,6 +311,7 @@ def _mask_from_axes(axes: np.ndarray, axis: str, blocks, heads) -> torch.Tensor:
     sel[np.ix_(b, h)] = True
     return torch.from_numpy(~(sel & planes)).float()
 
+# %% ../../nbs/11_mech.position.ipynb #cc194b7d
 @contextmanager
 def rope_knockout(model: nn.Module,
                   axis: str = 'all',
@@ -309,19 +321,7 @@ def rope_knockout(model: nn.Module,
     "Withhold rotary rotations (sin 0, cos 1) on the `axis` planes of `heads` in `blocks` while inside."
     sin, cos, layout = _rotary_tables(model)                         # one pass over the model for tables and layout
     mask = _mask_from_axes(_classify_planes(model, sin, cos), axis, blocks, heads)   # (L, H, P)
-    if layout is None:                                                # a PEViT: its rotary module takes the mask
-        pe = model.pos_embed
-        old = pe.plane_mask
-        if pe.depth == 1:                                              # one angle table shared by all blocks
-            if not bool((mask == mask[:1]).all()):
-                raise ValueError("this rotary module shares one angle table across blocks (depth=1): per-block "
-                                 "knockouts need it built with the model's depth")
-            mask = mask[:1]
-        pe.plane_mask = mask if old is None else mask * old.to(mask)
-        try: yield model
-        finally: pe.plane_mask = old
-        return
-    elem = mask.repeat_interleave(2, -1) if layout == 'interleaved' else torch.cat([mask, mask], -1)  # (L, H, D)
+    elem = _elements(mask, layout)                                    # (L, H, D): the same hook for PEViT and timm
     def hook(module, args, kwargs, i):
         rope = kwargs.get('rope')
         if rope is None: raise RuntimeError(f"block {i} received no `rope` argument")

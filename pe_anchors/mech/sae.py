@@ -104,6 +104,7 @@ def sae_stats(sae: TopKSAE, tokens: torch.Tensor, bs: int = 8192) -> dict[str, f
         l0 += (z > 0).sum().item(); fired |= (z > 0).any(0)
     return dict(fvu=sse / max(sst, 1e-30), l0=l0 / len(x), dead_frac=1 - fired.float().mean().item())
 
+# %% ../../nbs/11_mech.sae.ipynb #1d461ce0
 def fit_sae(tokens: torch.Tensor,        # (M, C) or (I, N, C) residual-stream tokens
             expansion: int = 5,
             k: int = 64,
@@ -238,6 +239,7 @@ def _top1(model, batches, max_images) -> float:
         if max_images is not None and n >= max_images: break
     return correct / max(n, 1)
 
+# %% ../../nbs/11_mech.sae.ipynb #eeaa0eb1
 def sae_causal_test(model: nn.Module,
                     sae: TopKSAE,
                     batches: Iterable,                 # (x, y) batches, the same images in the same order every pass
