@@ -200,7 +200,7 @@ def test_bad_input(batches):
     with pytest.raises(ValueError, match='n_perms must be >= 1'): measure_ssdc(m, batches, 'rpi', n_perms=0)
     with pytest.raises(ValueError, match='empty'): measure_ssdc(m, [], 'rpi', n_perms=2)
     class NoPos(torch.nn.Module): pos_embed = None
-    with pytest.raises(ValueError, match='no scalable positional encoding'):
+    with pytest.raises(ValueError, match='no positional encoding to scale'):
         with pe_scaled(NoPos(), .5): pass
     dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(smooth_images(8)), batch_size=4, shuffle=True)
     with pytest.warns(UserWarning, match='shuffles'): measure_ssdc(m, dl, 'rpi', n_perms=2)
