@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .core import check_choice, pbar
+from .core import N_PERMS, check_choice, pbar
 from .data import ImageData, image_folder, stratified_sample
 from .ssdc import SSDCAccumulator
 from .vit import TokenPermutation
@@ -45,7 +45,7 @@ def _tokens(out: torch.Tensor, model: nn.Module) -> tuple[torch.Tensor, tuple[in
 def block_ssdc(model: nn.Module,
                batches: Iterable,                    # re-iterable normalised image batches at the model's input size
                mode: str = 'normal',                 # 'normal' or 'rpi' (one permutation per draw)
-               n_perms: int = 8,
+               n_perms: int = N_PERMS,
                perm_seed: int = 0,
               ) -> pd.DataFrame:
     "SSDC of every block's LN1 input (each on its own grid), unpermuted or under RPI: mean and SD over draws."
@@ -94,7 +94,7 @@ def _model_batches(model: nn.Module, data: ImageData | str | Path, n_images: int
 def atlas(models: Sequence[str] | Mapping[str, nn.Module],  # timm names (created here) or built models by name
           data: ImageData | str | Path,      # an image folder (train/, val/ class folders) or an ImageData
           n_images: int = 256,
-          n_perms: int = 8,
+          n_perms: int = N_PERMS,
           pretrained: bool = True,           # for names: timm's pretrained weights (needs network access)
           out: str | Path | None = None,     # write atlas.csv and atlas.png here
           seed: int = 0,

@@ -15,7 +15,7 @@ import timm
 from fastai.callback.core import Callback, CancelFitException
 from fastai.torch_core import set_seed
 
-from .core import grid_hw, hardware_info
+from .core import default_device, grid_hw, hardware_info, sync
 import pandas as pd
 from .pos_embed import PE_NAMES, sincos_2d
 from .ssdc import SSDCAccumulator, _neg_pair_distance, spearman
@@ -52,9 +52,6 @@ def _naive_spearman(pairs: np.ndarray, neg_d: np.ndarray) -> np.ndarray: # (L, B
     from scipy.stats import spearmanr
     return np.array([[spearmanr(p, neg_d).statistic for p in layer] for layer in pairs])
 
-def _sync(device):
-    if torch.device(device).type == 'cuda': torch.cuda.synchronize(device)
-
 def bench_ssdc(n_images: int = 1000,
                n_tokens: int = 196,          # a square number, or pass `grid_size`
                n_layers: int = 12,
@@ -68,7 +65,7 @@ def bench_ssdc(n_images: int = 1000,
                verbose: bool = True,
               ) -> dict:
     "Time per-image SSDC naive (scipy per image and layer) vs batched on the same features; print and return figures."
-    device = torch.device(device if device is not None else 'cuda' if torch.cuda.is_available() else 'cpu')
+    device = default_device(device)
     grid = grid_hw(grid_size if grid_size is not None else math.isqrt(n_tokens))
     if grid[0] * grid[1] != n_tokens: raise ValueError(f"n_tokens={n_tokens} is not square: pass grid_size=(H, W)")
     naive_images = n_images if naive_images is None else max(1, min(naive_images, n_images))
@@ -86,9 +83,9 @@ def _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images,
     neg_d = _neg_pair_distance(grid, 'manhattan', 'cpu').numpy()
     acc, naive, t = SSDCAccumulator(grid, per_image=True), [], dict(batched=0., naive=0., rank_batched=0., rank_naive=0.)
     for f in _bench_batches(n_images, n_layers, grid, dim, batch_size, seed, device):   # each batch feeds both paths
-        _sync(device); t0 = time.perf_counter()
+        sync(device); t0 = time.perf_counter()
         acc.update(f)                                                   # batched: per-image + mean-matrix sum
-        _sync(device); t['batched'] += time.perf_counter() - t0
+        sync(device); t['batched'] += time.perf_counter() - t0
         k = min(f.shape[1], naive_images - sum(v.shape[1] for v in naive))
         if k <= 0: continue
         f = f[:, :k].cpu().numpy()
@@ -96,10 +93,10 @@ def _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images,
         naive.append(_naive_spearman(pairs, neg_d)); t2 = time.perf_counter()
         t['naive'] += t2 - t0; t['rank_naive'] += t2 - t1
         p = torch.from_numpy(pairs).to(device)                          # the Spearman stage alone, same pair vectors
-        _sync(device); t0 = time.perf_counter()
+        sync(device); t0 = time.perf_counter()
         spearman(p, _neg_pair_distance(grid, 'manhattan', str(device)))
-        _sync(device); t['rank_batched'] += time.perf_counter() - t0
-    t0 = time.perf_counter(); mean_ssdc = acc.compute(); _sync(device); t['batched'] += time.perf_counter() - t0
+        sync(device); t['rank_batched'] += time.perf_counter() - t0
+    t0 = time.perf_counter(); mean_ssdc = acc.compute(); sync(device); t['batched'] += time.perf_counter() - t0
     naive = np.concatenate(naive, axis=1)
     scale = n_images / naive_images                                     # extrapolation when naive_images < n_images
     rows = n_images * n_layers
@@ -203,7 +200,7 @@ def bench_train(model: str = 'pe_vit_nano_patch1_8',
                 verbose: bool = True,
                ):
     "Training img/s: plain PyTorch loop vs the pe_anchors Learner (same model, batch, dtype, data), RPT on/off, per PE."
-    device = torch.device(device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    device = default_device(device)
     img = timm.create_model(model, **(model_kwargs or {})).patch_embed.img_size[0]
     data = _synthetic(img, bs * (steps + warmup), 10, device)
     r = get_recipe('fast', bs=bs, compile=compile, aug='none', label_smoothing=0.1)
@@ -324,7 +321,7 @@ def gpu_check(out: str | Path = 'gpu_check',     # output folder (created)
     from pe_anchors.experiment import preset, run_experiment
     from pe_anchors.report import write_report
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    device = torch.device(device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    device = default_device(device)
     t0 = time.perf_counter()
     summary = dict(hardware=hardware_info(device), device=str(device), smoke=smoke,
                    gpu=torch.cuda.get_device_name(device) if device.type == 'cuda' else None,

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #0735d258
 from __future__ import annotations
-import json, os, platform, sys, tempfile
+import json, math, os, platform, sys, tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -13,9 +13,10 @@ import torch
 from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'PAPER_CONDITIONS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
-           'image_rng', 'condition_spec', 'condition_label', 'condition_order', 'show_progress', 'pbar',
-           'hardware_info', 'write_atomic', 'current_umask', 'read_json', 'RunLock']
+__all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS', 'grid_hw',
+           'grid_coords', 'check_choice', 'check_finite', 'image_rng', 'condition_spec', 'condition_label',
+           'condition_order', 'show_progress', 'pbar', 'hardware_info', 'default_device', 'dist_info', 'sync',
+           'check_alpha', 'unwrap_model', 'write_atomic', 'current_umask', 'read_json', 'RunLock']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -106,6 +107,38 @@ def hardware_info(device: torch.device | str | None = None) -> str:
     if device.type == 'cuda': what = f"GPU {torch.cuda.get_device_name(device)}"
     else: what = f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
     return f"{what}; Python {platform.python_version()}, torch {torch.__version__}"
+
+# %% ../nbs/00_core.ipynb #1fe0ef6f
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+N_PERMS = 8                         # RPI permutation draws averaged per measurement, unless told otherwise
+
+def default_device(device=None) -> torch.device:
+    "`device` as a torch device; None: CUDA if available, else the CPU."
+    return torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+
+def dist_info() -> tuple[int, int]:
+    "(rank, world size) of the torch.distributed process group, (0, 1) outside one."
+    import torch.distributed as dist
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+def sync(device) -> None:
+    "Wait for the device's queued work (CUDA), so that wall-clock timings measure it; a no-op on the CPU."
+    device = torch.device(device)
+    if device.type == 'cuda': torch.cuda.synchronize(device)
+
+def check_alpha(value) -> float:
+    "A PE scale α: a finite number >= 0 (0 removes the positional signal), as a float."
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"alpha must be a finite number >= 0 (0 removes the positional signal), got {value}")
+    return value
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    "The plain model inside `DistributedDataParallel` / `DataParallel` (`.module`) and `torch.compile` (`._orig_mod`)."
+    while True:
+        inner = getattr(model, 'module', None) or getattr(model, '_orig_mod', None)
+        if inner is None: return model
+        model = inner
 
 # %% ../nbs/00_core.ipynb #285c9a2b
 def write_atomic(path: str | Path, data: str | bytes) -> Path:

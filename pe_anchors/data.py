@@ -17,8 +17,8 @@ from fastai.data.core import DataLoaders
 from fastai.data.load import DataLoader
 from fastai.data.transforms import CategoryMap
 
-from .core import check_choice, image_rng, pbar
-from .vit import IMAGENET_MEAN, IMAGENET_STD
+from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, default_device, dist_info, image_rng, pbar
+
 
 # %% auto #0
 __all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'DATASETS',
@@ -218,9 +218,7 @@ def _show_images(items: list[tuple], ncols: int = 3, figsize_per: float = 1.8, t
     if title: fig.suptitle(title, fontsize=9)
     return fig
 
-def _dist() -> tuple[int, int]:
-    import torch.distributed as dist
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+def _dist() -> tuple[int, int]: return dist_info()
 
 # %% ../nbs/03_data.ipynb #d7c1764b
 class ImageDL(DataLoader):
@@ -278,7 +276,7 @@ class ImageDL(DataLoader):
 
 # %% ../nbs/03_data.ipynb #e0e1cf50
 def _default_device(device=None) -> torch.device:
-    return torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    return default_device(device)
 
 def _as_uint8(item, size: int) -> torch.Tensor: # (3, size, size) uint8
     "An image given as a uint8 tensor (3, H, W), a PIL image or a file path, squashed to `size x size`."

@@ -14,13 +14,12 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .core import (CONDITIONS, PAPER_CONDITIONS, RunLock, check_choice, condition_spec, hardware_info, read_json,
+from .core import (CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, default_device, check_choice, condition_spec, hardware_info, read_json, unwrap_model,
                              show_progress, write_atomic)
 from .paper import PAPER_ALPHAS
 from .results import fragility, gather, read_results, result_row, write_results
 from .data import ImageData, get_data, stratified_sample
 from .vit import load_checkpoint
-from .callback.permute import unwrap_model
 from .learner import DEFAULT_MODELS, config_diff, get_recipe, make_callbacks, pe_learner, train
 from .interventions import SSDC_MODES, alpha_sweep, pe_table_ssdc, ssdc_trajectories
 from .robustness import (SHIFT_KINDS, TensorBatches, evaluate_accuracy, evaluate_shifts, make_shift,
@@ -45,7 +44,7 @@ class Experiment:
     train_kwargs: dict = field(default_factory=dict)    # `Recipe` fields: epochs, bs, lr, ...
     ssdc_images: int = 1000                 # images the SSDC is averaged over (the paper does not say; its code used <= 1000)
     sample_seed: int = 0                    # seed of the class-stratified SSDC sample (the same for every run)
-    n_perms: int = 8                        # RPI permutation draws averaged per measurement
+    n_perms: int = N_PERMS                  # RPI permutation draws averaged per measurement
     rpi_mode: str = 'rpi'                   # 'rpi' (one permutation per draw, the paper's) or 'rpi_image' (one per image)
     untrained: bool = True                  # also measure every condition at initialisation (Fig. 1)
     alphas: list = field(default_factory=lambda: list(PAPER_ALPHAS))
@@ -127,7 +126,7 @@ class EvalData:
                  cache_dir: str | Path | None = None,
                  sample_seed: int = 0):                  # seed of the class-stratified SSDC sample
         self.data, self.eval_bs = data, eval_bs
-        self.device = torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+        self.device = default_device(device)
         x, y = shifted_set(data.valid_uint8(bs=eval_bs, device=self.device), None, device=self.device)  # uint8, on CPU
         self.images, self.labels = x, y
         self.clean = TensorBatches(x, y, eval_bs)
@@ -331,7 +330,7 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
             raise ValueError(f"{out_dir} holds a different experiment (differs in {diff}); use another directory, "
                              "or restart=True (--restart) to delete its results and start over")
     if device is None and local is not None and torch.cuda.is_available(): device = f'cuda:{local}'
-    if device is None: device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    device = str(default_device(device))
     show = show_progress(show)
     verbose = show if verbose is None else verbose
     if data is None: data = get_data(exp.data, **exp.data_kwargs)

@@ -8,13 +8,12 @@ from contextlib import nullcontext
 from typing import Iterable, Mapping
 
 import numpy as np
-import torch
 from torch import nn
 from fastcore.basics import patch
 
 from .core import check_choice, grid_hw
 from .vit import TokenPermutation
-from .ssdc import model_grid_size, ssdc_curve, ssdc_from_similarity
+from .ssdc import model_grid_size, ssdc_curve
 
 # %% auto #0
 __all__ = ['Explorer']

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from scipy import stats
 
-from .core import check_choice, pbar
+from .core import N_PERMS, check_alpha, check_choice, pbar
 from .paper import PAPER_ALPHAS
 from .results import result_frame, ssdc_metric
 from .pos_embed import PosEmbed
@@ -90,7 +90,7 @@ def _check_batches(batches, passes: int):
 def measure_ssdc(model: nn.Module,
                  batches: Iterable,                   # re-iterable image batches (x or (x, y, ...))
                  mode: str = 'normal',                # 'normal', 'rpi' (one permutation per draw) or 'rpi_image'
-                 n_perms: int = 8,                    # permutation draws K (ignored for 'normal')
+                 n_perms: int = N_PERMS,                    # permutation draws K (ignored for 'normal')
                  perm_seed: int = 0,                  # draw k uses seed perm_seed + k
                  grid_size: int | Sequence[int] | None = None,
                  metric: str = 'manhattan',           # grid distance, see `pe_anchors.ssdc.DISTANCES`
@@ -122,7 +122,7 @@ def measure_ssdc(model: nn.Module,
 def delta_ssdc(model: nn.Module,
                batches: Iterable,
                mode: str = 'rpi',
-               n_perms: int = 8,
+               n_perms: int = N_PERMS,
                perm_seed: int = 0,
                hi: int = 1, lo: int = 0,             # ΔSSDC = SSDC[hi] - SSDC[lo]
                level: float = .95,
@@ -136,7 +136,7 @@ def delta_ssdc(model: nn.Module,
 def ssdc_trajectories(model: nn.Module,
                       batches: Iterable,
                       modes: Sequence[str] = ('normal', 'rpi'),
-                      n_perms: int = 8,
+                      n_perms: int = N_PERMS,
                       perm_seed: int = 0,
                       per_image: bool = False,
                       level: float = .95,
@@ -185,8 +185,7 @@ def pe_scaled(model: nn.Module, alpha: float):
     if isinstance(pe, PosEmbed):
         with pe.scaled(alpha): yield model
         return
-    alpha = float(alpha)
-    if not math.isfinite(alpha) or alpha < 0: raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+    alpha = check_alpha(alpha)
     saved = pe.detach().clone()
     with torch.no_grad(): pe.mul_(alpha)
     try: yield model
@@ -198,7 +197,7 @@ def alpha_sweep(model: nn.Module,
                 alphas: Sequence[float] = PAPER_ALPHAS,
                 metrics: dict[str, Callable[[nn.Module], float]] | None = None, # extra metrics, called at each alpha
                 mode: str = 'rpi',
-                n_perms: int = 8,
+                n_perms: int = N_PERMS,
                 perm_seed: int = 0,
                 level: float = .95,
                 show_progress: bool | None = None,

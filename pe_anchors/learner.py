@@ -26,11 +26,12 @@ from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop, patch
 
-from .core import (RunLock, check_choice, condition_spec, current_umask, hardware_info, read_json, write_atomic,
+from .core import (RunLock, check_choice, condition_spec, current_umask, dist_info, hardware_info, read_json, sync,
+                             unwrap_model, write_atomic,
                              show_progress as _show_progress)
 from .vit import save_checkpoint
 from .data import ImageData, get_data
-from .callback.permute import RPT, unwrap_model
+from .callback.permute import RPT
 
 # %% auto #0
 __all__ = ['RECIPES', 'PARAM_KINDS', 'DEFAULT_MODELS', 'CALLBACKS', 'Recipe', 'get_recipe', 'SoftTargetCE', 'wd_param_groups',
@@ -153,10 +154,6 @@ def config_diff(old: dict, new: dict) -> list[str]:
     else: rdiff = []
     return sorted(k for k in set(old) | set(new) if k not in _VOLATILE and old.get(k) != new.get(k)) + rdiff
 
-def _rank() -> int:
-    import torch.distributed as dist
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
 def _rng_state(learn) -> dict:
     "Every random state a resumed run needs, in types `torch.load(weights_only=True)` accepts."
     name, key, pos, has_gauss, gauss = np.random.get_state()
@@ -243,7 +240,7 @@ class RunRecorder(Callback):
         return 0
 
     def before_fit(self):
-        self.is_main = _rank() == 0
+        self.is_main = dist_info()[0] == 0
         if self.is_main:
             self._lock = RunLock(self.run_dir).__enter__()
             if not self._lock.acquired:
@@ -271,7 +268,7 @@ def before_epoch(self: RunRecorder):
     self.t_epoch = time.perf_counter()
 
 @patch
-def before_train(self: RunRecorder): self._sync(); self.t_train, self.n_imgs = time.perf_counter(), 0
+def before_train(self: RunRecorder): sync(self.dls.device); self.t_train, self.n_imgs = time.perf_counter(), 0
 
 @patch
 def after_batch(self: RunRecorder):
@@ -279,13 +276,9 @@ def after_batch(self: RunRecorder):
 
 @patch
 def after_train(self: RunRecorder):
-    self._sync(); dt = time.perf_counter() - self.t_train
+    sync(self.dls.device); dt = time.perf_counter() - self.t_train
     self.epoch_img_s = self.n_imgs / max(dt, 1e-9)
     self.train_time += dt; self.train_imgs += self.n_imgs
-
-@patch
-def _sync(self: RunRecorder):
-    if self.dls.device.type == 'cuda': torch.cuda.synchronize(self.dls.device)
 
 @patch
 def after_epoch(self: RunRecorder):
@@ -329,7 +322,7 @@ def after_fit(self: RunRecorder):
     try:
         if self.is_main and self.epoch + 1 >= self.n_epoch: self.write_final()
         import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized(): dist.barrier()   # other ranks then read final.json
+        if dist_info()[1] > 1: dist.barrier()                                  # other ranks then read final.json
     finally:
         if self._lock is not None: self._lock.__exit__(); self._lock = None
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import pandas as pd
 
-from .core import PAPER_CONDITIONS, check_choice, condition_label
+from .core import check_choice, condition_label
 
 # %% auto #0
 __all__ = ['PAPER_LABEL', 'PAPER_SSDC', 'PAPER_RPI_RANGES', 'PAPER_UNTRAINED_NOPE', 'PAPER_ALPHAS', 'PAPER_ALPHA', 'PAPER_TABLE5',

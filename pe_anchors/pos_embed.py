@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from timm.layers import trunc_normal_
 
-from .core import grid_hw, grid_coords, check_choice
+from .core import check_alpha, check_choice, grid_coords, grid_hw
 
 # %% auto #0
 __all__ = ['PE_NAMES', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_rotate', 'rope_table', 'apply_rope',
@@ -43,10 +43,7 @@ class PosEmbed(nn.Module):
         return self._alpha
     @alpha.setter
     def alpha(self, value: float):
-        value = float(value)
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"alpha must be a finite number >= 0 (0 removes the positional signal), got {value}")
-        self._alpha = value
+        self._alpha = check_alpha(value)
 
     @contextmanager
     def scaled(self, alpha: float):

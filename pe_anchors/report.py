@@ -16,7 +16,7 @@ from scipy import stats
 from .core import PAPER_CONDITIONS, condition_label, condition_order, read_json, write_atomic
 from .paper import (PAPER_ALPHA, PAPER_LABEL, PAPER_RPI_RANGES, PAPER_SSDC, PAPER_TABLE5, PAPER_UNTRAINED_NOPE,
                               paper_curves, paper_table5)
-from .results import (alpha_rows, fragility_frame, load_results, main_rows, read_results, result_row,
+from .results import (alpha_rows, fragility_frame, load_results, main_rows, result_row,
                                 ssdc_metric, summarize_fragility, write_results)
 from .plots import plot_fragility, plot_shift_curves, plot_ssdc
 

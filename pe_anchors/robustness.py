@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_robustness.ipynb #ed415f0d
 from __future__ import annotations
-import hashlib, io, json, math, os, re, tempfile, time, warnings
+import hashlib, io, json, math, re, warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -17,9 +17,9 @@ import torchvision
 from torch import nn
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
-from .core import check_choice, grid_hw, image_rng, pbar, write_atomic
+from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, grid_hw, image_rng, pbar, write_atomic
 from .results import fragility
-from .vit import IMAGENET_MEAN, IMAGENET_STD, image_perms
+from .vit import image_perms
 
 # %% auto #0
 __all__ = ['BLUR_PADDINGS', 'BLUR_ROUNDINGS', 'SHIFT_KINDS', 'SEVERITIES', 'SHUFFLE_GRIDS', 'MASK_RATIOS', 'Shift',

@@ -16,15 +16,15 @@ from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
 from fastcore.basics import patch
 
-from .core import check_choice, current_umask, grid_hw, image_rng
+from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, current_umask, grid_hw, image_rng
 from .pos_embed import apply_rope, create_pos_embed, PE_NAMES
 
 # %% auto #0
-__all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'TAP_POINTS',
-           'PERM_MODES', 'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT',
-           'create_pe_vit', 'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32',
-           'pe_vit_nano_patch2_16', 'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'TokenRecorder',
-           'apply_token_perm', 'image_perms', 'TokenPermutation', 'save_checkpoint', 'load_checkpoint']
+__all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'TAP_POINTS', 'PERM_MODES', 'TRAIN_PERM_MODES',
+           'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit',
+           'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16',
+           'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'TokenRecorder', 'apply_token_perm', 'image_perms',
+           'TokenPermutation', 'save_checkpoint', 'load_checkpoint']
 
 # %% ../nbs/02_vit.ipynb #91a9cf90
 QKV_PROJECTIONS = ('linear', 'conv')
@@ -316,7 +316,6 @@ MODEL_CONFIGS = {
     'pe_vit_nano_patch1_8': dict(img_size=8, patch_size=1, embed_dim=64, depth=4, num_heads=4, num_classes=10,
                                  drop_rate=0., drop_path_rate=.05),
 }
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def _pretrained_cfg(name: str, cfg: dict) -> dict:
     s = cfg['img_size']

@@ -250,7 +250,7 @@ def test_bad_input_errors():
     m = PEViT(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=2, pe='none')
     with pytest.raises(ValueError, match='empty'): ssdc_curve(m, [])
     with pytest.raises(ValueError, match="unknown distance 'l3'"): ssdc_curve(m, [torch.randn(2, 3, 16, 16)], metric='l3')
-    with pytest.raises(ValueError, match='5x5 grid has 25'): ssdc_curve(m, [torch.randn(2, 3, 16, 16)], grid_size=5)
+    with pytest.raises(ValueError, match=r"grid_size \(5, 5\) does not match the model's patch grid"): ssdc_curve(m, [torch.randn(2, 3, 16, 16)], grid_size=5)
     with pytest.raises(ValueError, match='non-finite'): ssdc_curve(m, [torch.full((1, 3, 16, 16), float('nan'))])
     with pytest.raises(ValueError, match='float image tensor'): ssdc_curve(m, [[np.zeros((1, 3, 16, 16))]])
     with pytest.raises(ValueError, match='max_images'): ssdc_curve(m, [torch.randn(2, 3, 16, 16)], max_images=0)

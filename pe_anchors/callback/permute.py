@@ -8,20 +8,13 @@ import torch
 from torch import nn
 from fastai.callback.core import Callback
 
-from ..core import check_choice
+from ..core import check_choice, unwrap_model
 from ..vit import TokenPermutation, TRAIN_PERM_MODES, INFERENCE_PERM_MODES
 
 # %% auto #0
-__all__ = ['unwrap_model', 'find_vit', 'TokenPermutationCallback', 'RPT', 'RPI']
+__all__ = ['find_vit', 'TokenPermutationCallback', 'RPT', 'RPI']
 
 # %% ../../nbs/04_callback.permute.ipynb #c09aa7a9
-def unwrap_model(model: nn.Module) -> nn.Module:
-    "The plain model inside `DistributedDataParallel` / `DataParallel` (`.module`) and `torch.compile` (`._orig_mod`)."
-    while True:
-        inner = getattr(model, 'module', None) or getattr(model, '_orig_mod', None)
-        if inner is None: return model
-        model = inner
-
 def find_vit(model: nn.Module) -> nn.Module:
     "The ViT inside `model` (the first module with a `patch_embed`): through DDP/compile and fastai/timm wrappers."
     model = unwrap_model(model)

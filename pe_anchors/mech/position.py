@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import check_choice, check_finite, grid_coords, grid_hw, pbar
+from ..core import N_PERMS, check_choice, check_finite, grid_coords, grid_hw, pbar
 from ..pos_embed import NoPE, PosEmbed
-from ..ssdc import model_grid_size, patch_token_batches, ssdc_curve
+from ..ssdc import model_grid_size, patch_token_batches
 from ..vit import TokenPermutation
 from ..interventions import measure_ssdc, pe_scaled
 
@@ -400,7 +400,7 @@ def withheld_retention(model: nn.Module,
                        layer: int = -1,                  # where SSDC is measured
                        point: str = 'block',             # ... and at which tap: 'block' = the block's output
                        mode: str = 'rpi',                # SSDC mode of `measure_ssdc`: 'rpi', 'rpi_image', 'normal'
-                       n_perms: int = 8,                 # permutation draws averaged (RPI modes)
+                       n_perms: int = N_PERMS,                 # permutation draws averaged (RPI modes)
                        perm_seed: int = 0,
                        max_images: int | None = None,
                        show_progress: bool | None = None,
@@ -425,7 +425,7 @@ def rebuild_heads(model: nn.Module,
                   layer: int = -1,
                   point: str = 'block',
                   mode: str = 'rpi',
-                  n_perms: int = 8,
+                  n_perms: int = N_PERMS,
                   perm_seed: int = 0,
                   max_images: int | None = None,
                   show_progress: bool | None = None,

@@ -17,7 +17,6 @@ from torch import nn
 from ..core import check_choice, check_finite, grid_hw, pbar
 from ..interventions import measure_ssdc
 from .position import PositionProbes, block_index, layer_tokens
-from ..ssdc import model_grid_size
 
 # %% auto #0
 __all__ = ['AUX_REDUCTIONS', 'TopKSAE', 'sae_stats', 'fit_sae', 'latent_position_means', 'position_selectivity',
