@@ -22,7 +22,8 @@ from .plots import plot_fragility, plot_shift_curves, plot_ssdc
 
 # %% auto #0
 __all__ = ['seed_stats', 'fmt_mean_sd', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4', 'fig5', 'fig_alpha', 'fig_severity',
-           'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts', 'md_table', 'report_meta', 'write_report']
+           'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts', 'table_rpi', 'md_table', 'report_meta',
+           'write_report']
 
 # %% ../nbs/10_report.ipynb #f43f2357
 #| export
@@ -36,6 +37,21 @@ def fmt_mean_sd(mean: float, sd: float, digits: int = 4) -> str:
     "'m ± sd' (or 'm' when the SD is unknown, e.g. one seed)."
     if mean is None or (isinstance(mean, float) and math.isnan(mean)): return '–'
     return f"{mean:.{digits}f}" + ('' if sd is None or math.isnan(sd) else f" ± {sd:.{digits}f}")
+
+def _rpi_mode(df) -> str:
+    "The RPI mode of a results table: 'rpi' (the paper's) when present, else 'rpi_image'."
+    modes = set(main_rows(df)['mode'])
+    return 'rpi' if 'rpi' in modes or 'rpi_image' not in modes else 'rpi_image'
+
+def _curve(df, condition, mode='normal', stage='trained') -> pd.Series:
+    d = main_rows(df)
+    d = d[(d['metric'] == ssdc_metric(mode)) & (d['condition'] == condition) & (d['mode'] == mode) & (d['stage'] == stage)]
+    return d.groupby('layer')['value'].mean()
+
+def _sweep(df, condition, metric) -> pd.Series:
+    s = alpha_rows(df)
+    return s[(s['condition'] == condition) & (s['metric'] == metric)].groupby('alpha')['value'].mean()
+
 
 # %% ../nbs/10_report.ipynb #dc757438
 def synthetic_results(seeds: Sequence[int] = (0, 1), depth: int = 12, seed: int = 0) -> pd.DataFrame:
@@ -236,20 +252,6 @@ def table_alpha(df: pd.DataFrame, condition: str = 'ape') -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../nbs/10_report.ipynb #3e5db859
-def _rpi_mode(df) -> str:
-    "The RPI mode of a results table: 'rpi' (the paper's) when present, else 'rpi_image'."
-    modes = set(main_rows(df)['mode'])
-    return 'rpi' if 'rpi' in modes or 'rpi_image' not in modes else 'rpi_image'
-
-def _curve(df, condition, mode='normal', stage='trained') -> pd.Series:
-    d = main_rows(df)
-    d = d[(d['metric'] == ssdc_metric(mode)) & (d['condition'] == condition) & (d['mode'] == mode) & (d['stage'] == stage)]
-    return d.groupby('layer')['value'].mean()
-
-def _sweep(df, condition, metric) -> pd.Series:
-    s = alpha_rows(df)
-    return s[(s['condition'] == condition) & (s['metric'] == metric)].groupby('alpha')['value'].mean()
-
 @dataclass
 class Measure:
     "A measured quantity: mean over seeds, its spread (SD over seeds, or one run's standard error), seed count."
@@ -429,9 +431,9 @@ def _claims() -> list[tuple[str, str, Callable]]:
          "untrained NoPE .577 → .664", _check_static_prior),
         ("Unpermuted SSDC is high for every trained model, NoPE included.",
          "NoPE unpermuted last layer .654", _check_unpermuted_uninformative),
-        ("Models without index anchoring are more _check_fragile: NoPE's JPEG FS exceeds APE's.",
+        ("Models without index anchoring are more fragile: NoPE's JPEG FS exceeds APE's.",
          "JPEG FS NoPE .6458 vs APE .4347", _check_nope_fragile),
-        ("RoPE is the least JPEG-_check_fragile PE (below APE and SPE).",
+        ("RoPE is the least JPEG-fragile PE (below APE and SPE).",
          "JPEG FS RoPE .2988, APE .4347, SPE .4351", _check_rope_robust),
         ("RPT's fragility is NoPE-like, not APE-like (same PE, no anchoring).",
          "JPEG FS RPT .6297, NoPE .6458, APE .4347", _check_rpt_like_nope),
@@ -452,6 +454,21 @@ def verdicts(df: pd.DataFrame) -> pd.DataFrame:
         except NotTestable as e: verdict, ours = 'not testable', str(e)
         except (KeyError, ValueError, IndexError): verdict, ours = 'n/a', 'not measured in this experiment'
         rows.append(dict(claim=claim, paper=paper, ours=ours, verdict=verdict))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/10_report.ipynb #cf64bdd0
+def table_rpi(df: pd.DataFrame) -> pd.DataFrame:
+    """SSDC under RPI per condition at the input, after block 0 and at the last layer, with ΔSSDC (± SD over seeds,
+    or one seed's standard error over draws) and the unpermuted last layer: how much structure is anchored to indices."""
+    mode, rows = _rpi_mode(df), []
+    for c in condition_order(main_rows(df)['condition']):
+        rpi, plain = _curve(df, c, mode), _curve(df, c, 'normal')
+        if rpi.empty: continue
+        try: delta = str(_delta_measure(df, c, mode))
+        except KeyError: delta = '–'
+        rows.append({'condition': condition_label(c), 'layer 0': _fmt3(rpi.get(0)), 'layer 1': _fmt3(rpi.get(1)),
+                     'last layer': _fmt3(rpi.iloc[-1]), 'ΔSSDC': delta,
+                     'unpermuted, last layer': _fmt3(plain.iloc[-1]) if len(plain) else '–'})
     return pd.DataFrame(rows)
 
 # %% ../nbs/10_report.ipynb #50777748
@@ -489,8 +506,10 @@ def report_meta(path: str | Path) -> dict:
     if p.is_file():
         side = p.with_name('meta.json')
         return read_json(side) if side.exists() else {}
-    meta = dict(experiment=read_json(p / 'experiment.json') if (p / 'experiment.json').exists() else None,
-                runs=[read_json(f) for f in sorted((p / 'runs').glob('*/run.json'))],
+    exp = read_json(p / 'experiment.json') if (p / 'experiment.json').exists() else None
+    if exp and 'path' in (exp.get('data_kwargs') or {}):                # the data's name, not this machine's path
+        exp = {**exp, 'data_kwargs': {**exp['data_kwargs'], 'path': Path(str(exp['data_kwargs']['path'])).name}}
+    meta = dict(experiment=exp, runs=[read_json(f) for f in sorted((p / 'runs').glob('*/run.json'))],
                 shifts=read_json(p / 'shifts.json') if (p / 'shifts.json').exists() else None)
     if (p / 'ssdc_sample.json').exists():
         s = read_json(p / 'ssdc_sample.json')
@@ -535,7 +554,10 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
                        f"(training {sum(r['train_and_init_s'] for r in runs) / 60:.1f} min)."))
     b.append(('p', f"Reference values are the paper's ({PAPER_LABEL}); on other data and models they show the expected "
                    "shape of each result, not numbers to match."))
-    b += [('h2', 'Verdicts'), ('table', verdicts(df))]
+    v = verdicts(df)
+    b += [('h2', 'Verdicts'), ('table', v) if (v['verdict'] != 'n/a').any()
+          else ('p', "None of the paper's claims concerns the conditions of this experiment.")]
+    if _has(df, mode=_rpi_mode(df)): b += [('h2', 'SSDC under RPI, by condition'), ('table', table_rpi(df))]
     figs = [('Figure 1: static prior', 'fig1', fig1, dict(condition='nope', stage='untrained')),
             ('Figure 2: SSDC under RPI', 'fig2', fig2, dict(mode='rpi')),
             ('Figure 3: fragility', 'fig3', fig3, dict(metric='fs')),
