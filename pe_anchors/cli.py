@@ -310,4 +310,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pe_anchors {a.command}: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
         return 2
 
-if __name__ == '__main__': sys.exit(main())        # python -m pe_anchors.cli ...
+if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())   # python -m pe_anchors.cli (not in a notebook)

@@ -23,8 +23,8 @@ from .vit import TokenPermutation
 from .ssdc import (ssdc_curve, bootstrap_ci, model_grid_size, ssdc_from_similarity, token_similarity)
 
 # %% auto #0
-__all__ = ['SSDC_MODES', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table', 'pe_table_ssdc',
-           'position_source', 'pe_scaled', 'alpha_sweep']
+__all__ = ['SSDC_MODES', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'position_source', 'pe_table',
+           'pe_table_ssdc', 'pe_scaled', 'alpha_sweep']
 
 # %% ../nbs/07_interventions.ipynb #a768648c
 SSDC_MODES = {'normal': None, 'rpi': 'draw', 'rpi_image': 'image'}  # results-table mode -> TokenPermutation mode
@@ -155,6 +155,13 @@ def ssdc_trajectories(model: nn.Module,
     return pd.concat(frames, ignore_index=True)
 
 # %% ../nbs/07_interventions.ipynb #505c0d95
+def position_source(model: nn.Module) -> PosEmbed | torch.Tensor:
+    "Where a model's positional signal lives: a PEViT's `PosEmbed` module, or a timm ViT's `pos_embed` parameter."
+    pe = getattr(model, 'pos_embed', None)
+    if isinstance(pe, (PosEmbed, torch.Tensor)): return pe
+    raise ValueError(f"{type(model).__name__} has no positional encoding to scale or read: expected a PEViT `pos_embed` "
+                     "module or a timm `pos_embed` parameter")
+
 def pe_table(model: nn.Module) -> torch.Tensor: # (N, C) the patch rows of the additive position table
     "The additive position table of a PEViT (APE, SPE) or timm ViT, patch rows only (prefix rows dropped)."
     pe = position_source(model)
@@ -171,13 +178,6 @@ def pe_table_ssdc(model: nn.Module, grid_size: int | Sequence[int] | None = None
     return float(ssdc_from_similarity(token_similarity(t), grid, metric))
 
 # %% ../nbs/07_interventions.ipynb #6f2ec384
-def position_source(model: nn.Module) -> PosEmbed | torch.Tensor:
-    "Where a model's positional signal lives: a PEViT's `PosEmbed` module, or a timm ViT's `pos_embed` parameter."
-    pe = getattr(model, 'pos_embed', None)
-    if isinstance(pe, (PosEmbed, torch.Tensor)): return pe
-    raise ValueError(f"{type(model).__name__} has no positional encoding to scale or read: expected a PEViT `pos_embed` "
-                     "module or a timm `pos_embed` parameter")
-
 @contextmanager
 def pe_scaled(model: nn.Module, alpha: float):
     "Temporarily scale the model's positional signal by `alpha` (PEViT: `pos_embed.scaled`; timm: the `pos_embed` parameter)."
