@@ -1,5 +1,5 @@
 """The foundation: package layout, timm registry, positional encodings and the backbone (exported package)."""
-import configparser, json, math, re
+import configparser, json, math, re, sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,9 @@ def test_readme_mirrors_index_and_has_two_commands():
     nb = json.loads((ROOT / 'nbs' / 'index.ipynb').read_text())
     md = '\n'.join(''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'markdown')
     for heading in re.findall(r'^##+ .*$', md, flags=re.M): assert heading in readme, heading
+    sys.path.insert(0, str(ROOT / 'tools'))
+    from make_readme import readme_text
+    assert readme == readme_text(), "README.md is out of step with nbs/index.ipynb: run python tools/make_readme.py"
     cmds = re.findall(r'^python3 -m venv .*$', readme, flags=re.M)
     assert len(cmds) == 2 and cmds[0].endswith('pe_anchors demo') and 'pytest' in cmds[1]
 
