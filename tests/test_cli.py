@@ -29,7 +29,7 @@ def test_user_errors_exit_2_without_traceback(installed, tmp_path):
     for args, msg in ((('report', str(tmp_path / 'nothing')), 'is not an experiment directory'),
                       (('sweep', 'cifar10', '--out', str(tmp_path)), 'needs the data location'),
                       (('sweep', str(tmp_path / 'exp.yaml'), '--out', str(tmp_path)), 'no experiment file'),
-                      (('train', '--condition', 'alibi', '--run-dir', str(tmp_path / 'r')), "unknown condition 'alibi'")):
+                      (('train', '--condition', 'cape', '--run-dir', str(tmp_path / 'r')), "unknown condition 'cape'")):
         r = run(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert msg in r.stderr and 'Traceback' not in r.stderr, r.stderr
@@ -61,7 +61,7 @@ def test_bad_inputs_exit_2_with_one_line(installed, tmp_path):
              (('train', '--device', 'tpu', '--out', str(tmp_path / 'r')), "unknown device 'tpu'"),
              (('train', '--data', 'image_folder', '--out', str(tmp_path / 'r')), 'needs --data-path'),
              (('train', '--data', 'digits', '--data-path', '/x', '--out', str(tmp_path / 'r')), '--data-path is for cifar10'),
-             (('train', '--pe', 'alibi', '--out', str(tmp_path / 'r')), "unknown positional encoding 'alibi'"),
+             (('train', '--pe', 'cape', '--out', str(tmp_path / 'r')), "unknown positional encoding 'cape'"),
              (('sweep', 'digits', '--out', str(tmp_path / 's'), '--cbs', 'nonsense'), "unknown callback 'nonsense'")]
     if not torch.cuda.is_available():
         cases.append((('train', '--device', 'cuda', '--out', str(tmp_path / 'r')), 'no CUDA GPU'))

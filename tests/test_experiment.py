@@ -29,7 +29,7 @@ def test_experiment_file_round_trip_and_validation(tmp_path):
     for name in ('e.json', 'e.yaml'):
         assert Experiment.load(exp.save(tmp_path / name)) == exp
     assert Experiment.load('digits') == preset('digits')
-    with pytest.raises(ValueError, match="unknown condition 'alibi'"): tiny(conditions=['alibi'])
+    with pytest.raises(ValueError, match="unknown condition 'cape'"): tiny(conditions=['cape'])
     with pytest.raises(ValueError, match='seeds must be'): tiny(seeds=[])
     with pytest.raises(ValueError, match="unknown RPI mode"): tiny(rpi_mode='pixel')
     with pytest.raises(FileNotFoundError): Experiment.load(tmp_path / 'missing.yaml')
