@@ -34,7 +34,7 @@ def _outputs(nb: dict) -> str:
 def test_every_module_page_documents_its_exports(processed):
     for nb_path in sorted(NBS.glob('[0-9]*.ipynb')):
         nb = json.loads(nb_path.read_text())
-        m = re.search(r'#\|\s*default_exp\s+(\S+)', ''.join(''.join(c['source']) for c in nb['cells']))
+        m = re.search(r'#\|\s*default_exp\s+(\S+)', '\n'.join(''.join(c['source']) for c in nb['cells']))
         if not m: continue
         mod = importlib.import_module(f'pe_anchors.{m.group(1)}')
         page = _outputs(json.loads((processed / nb_path.name).read_text()))
