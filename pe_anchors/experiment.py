@@ -323,12 +323,15 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
         for name in RESTART_FILES:
             p = out_dir / name
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    stored = exp                                     # what experiment.json records: the protocol and every run asked for
     if cfg.exists():
-        old = read_json(cfg)
-        if old != exp.to_dict():
-            diff = sorted(k for k in set(old) | set(exp.to_dict()) if old.get(k) != exp.to_dict().get(k))
-            raise ValueError(f"{out_dir} holds a different experiment (differs in {diff}); use another directory, "
-                             "or restart=True (--restart) to delete its results and start over")
+        old, new = read_json(cfg), exp.to_dict()
+        diff = sorted(k for k in set(old) | set(new) if k not in ('conditions', 'seeds') and old.get(k) != new.get(k))
+        if diff: raise ValueError(f"{out_dir} holds a different experiment (differs in {diff}); use another directory, "
+                                  "or restart=True (--restart) to delete its results and start over")
+        # the same protocol over other conditions or seeds adds runs to it (e.g. one condition now, the rest later)
+        stored = Experiment(**{**old, 'conditions': list(dict.fromkeys(old['conditions'] + exp.conditions)),
+                               'seeds': list(dict.fromkeys(old['seeds'] + exp.seeds))})
     if device is None and local is not None and torch.cuda.is_available(): device = f'cuda:{local}'
     device = str(default_device(device))
     show = show_progress(show)
@@ -336,7 +339,7 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
     if data is None: data = get_data(exp.data, **exp.data_kwargs)
     check_experiment(exp, data)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(cfg, json.dumps(exp.to_dict(), indent=2))
+    write_atomic(cfg, json.dumps(stored.to_dict(), indent=2))
     ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device, cache_dir=out_dir / 'cache', sample_seed=exp.sample_seed)
     write_atomic(out_dir / 'ssdc_sample.json', json.dumps(ev.sample_record()))
     write_atomic(out_dir / 'shifts.json', json.dumps({s.name: s.description() for s in
@@ -358,4 +361,8 @@ def load_run_model(out_dir: str | Path, condition: str, seed: int = 0, map_locat
     "The trained model of run (condition, seed) of an experiment directory."
     p = run_dir_of(out_dir, condition, seed) / 'train' / 'model.safetensors'
     if not p.exists(): raise FileNotFoundError(f"run {condition}-s{seed} has no final model at {p} (not finished?)")
-    return load_checkpoint(p, map_location=map_location).eval()
+    cfg = json.loads((p.parent / 'config.json').read_text()) if (p.parent / 'config.json').exists() else {}
+    if cfg.get('model', 'pe_vit').startswith('pe_vit'): return load_checkpoint(p, map_location=map_location).eval()
+    # any other timm model (a CNN baseline) is rebuilt from the run's own config
+    return load_checkpoint(p, map_location=map_location, model_name=cfg['model'], num_classes=cfg['num_classes'],
+                           **cfg.get('model_kwargs', {})).eval()

@@ -444,6 +444,7 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
         raise ValueError(f"{model} is not a pe_vit model: its positional encoding is its own; use condition 'nope' "
                          f"(no PE and no RPT are added), got pe={pe!r}, rpt={rpt}")
     net = timm.create_model(model, num_classes=data.c, **mkw)
+    if not pe_vit: net.model_name, net.model_kwargs = model, dict(num_classes=data.c, **mkw)   # what save_checkpoint records
     if hasattr(net, 'pretrained_cfg'):                   # the statistics it is trained with, for timm's data config
         net.pretrained_cfg = net.default_cfg = {**net.pretrained_cfg, 'mean': tuple(data.mean), 'std': tuple(data.std),
                                                 'input_size': (3, data.img_size, data.img_size), 'num_classes': data.c}

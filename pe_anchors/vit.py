@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+import timm
 from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
 from fastcore.basics import patch
@@ -514,11 +515,18 @@ class TokenPermutation:
     def __exit__(self, *exc): self.detach()
 
 # %% ../nbs/02_vit.ipynb #b0e14a8f
-def save_checkpoint(model: PEViT, path: str | Path, extra: dict | None = None) -> Path:
+def _model_id(model: nn.Module) -> tuple[str, dict]:
+    "The (timm name, kwargs) that rebuild `model`: its own record, else its timm architecture and class count."
+    if getattr(model, 'model_name', None): return model.model_name, dict(getattr(model, 'model_kwargs', {}))
+    name = (getattr(model, 'pretrained_cfg', None) or {}).get('architecture', '')
+    return name, ({'num_classes': model.num_classes} if name and hasattr(model, 'num_classes') else {})
+
+def save_checkpoint(model: nn.Module, path: str | Path, extra: dict | None = None) -> Path:
     "Save `model`'s weights to `path` (safetensors) with its config (and `extra` JSON-able metadata)."
     from safetensors.torch import save_file
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(model_name=getattr(model, 'model_name', ''), model_kwargs=json.dumps(getattr(model, 'model_kwargs', {})),
+    name, kwargs = _model_id(model)
+    meta = dict(model_name=name, model_kwargs=json.dumps(kwargs),
                 pretrained_cfg=json.dumps(getattr(model, 'pretrained_cfg', {})), extra=json.dumps(extra or {}))
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp'); os.close(fd)
@@ -529,15 +537,19 @@ def save_checkpoint(model: PEViT, path: str | Path, extra: dict | None = None) -
         if os.path.exists(tmp): os.remove(tmp)
     return path
 
-def load_checkpoint(path: str | Path, map_location: str = 'cpu', **overrides) -> PEViT:
-    "Rebuild a `PEViT` saved by `save_checkpoint` (its name and kwargs come from the file's metadata)."
+def load_checkpoint(path: str | Path, map_location: str = 'cpu',
+                    model_name: str | None = None, # for files whose metadata names no model: the timm name to build
+                    **overrides) -> nn.Module:
+    "Rebuild the model saved by `save_checkpoint` (a `PEViT` or any timm model; name and kwargs from the file's metadata)."
     from safetensors import safe_open
     from safetensors.torch import load_file
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"no checkpoint at {path}")
     with safe_open(str(path), 'pt') as f: meta = f.metadata() or {}
-    if not meta.get('model_name'): raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint)")
-    model = create_pe_vit(meta['model_name'], **{**json.loads(meta['model_kwargs']), **overrides})
+    name = meta.get('model_name') or model_name
+    if not name: raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint); pass model_name=")
+    kwargs = {**json.loads(meta.get('model_kwargs') or '{}'), **overrides}
+    model = create_pe_vit(name, **kwargs) if name in MODEL_CONFIGS else timm.create_model(name, **kwargs)
     try: model.load_state_dict(load_file(str(path), device=map_location))
     except RuntimeError as e: raise ValueError(f"{path} does not match its own model config: {str(e).splitlines()[0]}") from None
     cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(meta.get('pretrained_cfg') or '{}').items()}

@@ -102,6 +102,20 @@ def test_run_experiment_resumes_and_skips(tmp_path, digits):
     with pytest.raises(ValueError, match='holds a different experiment'): run_experiment(tiny(n_perms=3), tmp_path, data=digits)
 
 
+def test_a_condition_at_a_time_builds_one_experiment(tmp_path, digits):
+    "Running the conditions one by one in one directory (`sweep --condition X`) adds runs to the same experiment."
+    run_experiment(tiny(conditions=['ape']), tmp_path, show=False, data=digits, device='cpu')
+    assert json.loads((tmp_path / 'experiment.json').read_text())['conditions'] == ['ape']
+    df = run_experiment(tiny(conditions=['nope']), tmp_path, show=False, data=digits, device='cpu')
+    assert json.loads((tmp_path / 'experiment.json').read_text()) == tiny(conditions=['ape', 'nope']).to_dict()
+    assert set(df['condition']) == {'nope', 'ape'}                    # the table gathers every finished run
+    stamp = (run_dir_of(tmp_path, 'ape', 0) / 'results.csv').stat().st_mtime_ns
+    run_experiment(tiny(), tmp_path, show=False, data=digits, device='cpu')   # the whole set: nothing left to train
+    assert (run_dir_of(tmp_path, 'ape', 0) / 'results.csv').stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match=r"differs in \['n_perms'\]"):
+        run_experiment(tiny(conditions=['ape'], n_perms=3), tmp_path, data=digits)
+
+
 def test_shards_fill_one_table(tmp_path, digits):
     exp = tiny()
     run_experiment(exp, tmp_path, shard='0/2', show=False, data=digits, device='cpu')

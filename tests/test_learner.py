@@ -131,6 +131,19 @@ def test_pretrained_cfg_carries_the_training_statistics(small, tmp_path):
     assert resolve_model_data_config(back)['mean'] == tuple(small.mean)
 
 
+def test_a_trained_cnn_is_saved_and_rebuilt(small, tmp_path):
+    "A timm CNN trained as a baseline is written with its own name and kwargs and rebuilt by `load_run_model`."
+    from pe_anchors.experiment import load_run_model, run_dir_of
+    out = train('nope', small, 'fast', run_dir=run_dir_of(tmp_path, 'nope', 0) / 'train', model='resnet10t',
+                model_kwargs=dict(drop_rate=.1), epochs=1, bs=64, show_progress=False)
+    x = small.normalize(next(iter(small.valid_uint8(bs=8, device='cpu')))[0])
+    net = out['learn'].model.eval()
+    for back in (load_checkpoint(run_dir_of(tmp_path, 'nope', 0) / 'train' / 'model.safetensors'), load_run_model(tmp_path, 'nope')):
+        back = back.eval()
+        assert type(back) is type(net) and back.drop_rate == .1 and back.num_classes == small.c
+        with torch.no_grad(): assert torch.equal(back(x), net(x))
+
+
 def test_conditions_set_pe_and_rpt(small):
     assert pe_learner(small, 'nope', **FAST).model.pe == 'none'
     l = pe_learner(small, 'rpt', **FAST)
