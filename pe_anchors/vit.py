@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_vit.ipynb #8e8d792b
 from __future__ import annotations
-import json, os, tempfile
+import json, os, shutil, tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -18,14 +18,14 @@ from timm.models import register_model
 from fastcore.basics import patch
 
 from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, current_umask, grid_hw, image_rng
-from .pos_embed import apply_rope, create_pos_embed, PE_NAMES
+from .pos_embed import apply_rope, create_pos_embed, PosEmbed, PE_NAMES
 
 # %% auto #0
-__all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'TAP_POINTS', 'PERM_MODES', 'TRAIN_PERM_MODES',
-           'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit',
+__all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'HUB_SOURCES', 'TAP_POINTS', 'PERM_MODES',
+           'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit',
            'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16',
            'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'TokenRecorder', 'apply_token_perm', 'image_perms',
-           'TokenPermutation', 'save_checkpoint', 'load_checkpoint']
+           'TokenPermutation', 'save_checkpoint', 'load_checkpoint', 'save_hub']
 
 # %% ../nbs/02_vit.ipynb #91a9cf90
 QKV_PROJECTIONS = ('linear', 'conv')
@@ -43,6 +43,7 @@ class ConvQKV(nn.Module):
         self.norm = nn.BatchNorm2d(3 * dim)                # output channel 3c + s: branch s (q, k, v) of channel c
 
     def forward(self, x: torch.Tensor) -> torch.Tensor: # (B, P+N, C) -> (3, B, P+N, C): inputs of q, k and v
+        "The inputs of the q, k and v projections: each branch's convolution + BatchNorm of the grid, prefix tokens as they are."
         B, T, C = x.shape
         p, (h, w) = self.num_prefix_tokens, self.grid_size
         if T - p != h * w: raise ValueError(f"got {T - p} patch tokens for a {h}x{w} grid")
@@ -50,7 +51,9 @@ class ConvQKV(nn.Module):
         y = self.norm(self.conv(g)).reshape(B, C, 3, h * w).permute(2, 0, 3, 1)   # (3, B, N, C)
         return torch.cat([x[:, :p].expand(3, -1, -1, -1), y], dim=2)
 
-    def extra_repr(self) -> str: return f"grid_size={self.grid_size}, kernel_size={self.kernel_size}"
+    def extra_repr(self) -> str:
+        "Grid and kernel size, shown when the module is printed."
+        return f"grid_size={self.grid_size}, kernel_size={self.kernel_size}"
 
 # %% ../nbs/02_vit.ipynb #0d666862
 class Attention(nn.Module):
@@ -82,15 +85,23 @@ class Attention(nn.Module):
             qkv = torch.einsum('sbnc,sdc->bnsd', xs, w) + (0. if b is None else b.view(3, C))
         return qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
 
+    def rotated_qkv(self, x: torch.Tensor,                # (B, N, C) the block's normalised tokens
+                    rope: torch.Tensor | None = None,     # (1 or H, N - P, 2D) [sin | cos] for the patch tokens
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: # q, k, v, each (B, H, N, D)
+        "Queries, keys and values, with q and k of the patch tokens rotated by `rope` (the prefix/CLS tokens are not)."
+        q, k, v = self._qkv(x).unbind(0)                          # (B, H, N, D)
+        if rope is not None:
+            p = x.shape[1] - rope.shape[-2]
+            q, k = (torch.cat([t[..., :p, :], apply_rope(t[..., p:, :], rope)], dim=-2) for t in (q, k))
+        return q, k, v
+
     def forward(self, x: torch.Tensor,
-                rope: torch.Tensor | None = None,       # (1 or H, N - P, 2D) [sin | cos] for the patch tokens (timm's Eva)
+                rope: torch.Tensor | None = None,       # (1 or H, N - P, 2D) [sin | cos] for the patch tokens
                 attn_bias: torch.Tensor | None = None,  # (1, H, N, N) added to the attention logits
                ) -> torch.Tensor:
+        "Self-attention of the tokens `(B, N, C)`, q and k rotated by `rope`, logits shifted by `attn_bias`."
         B, N, C = x.shape
-        q, k, v = self._qkv(x).unbind(0)                          # (B, H, N, D)
-        if rope is not None:                                      # prefix (CLS) tokens are not rotated
-            p = N - rope.shape[-2]
-            q, k = (torch.cat([t[..., :p, :], apply_rope(t[..., p:, :], rope)], dim=-2) for t in (q, k))
+        q, k, v = self.rotated_qkv(x, rope)
         bias = None if attn_bias is None else attn_bias.to(q.dtype)
         if self.fused_attn:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.)
@@ -117,6 +128,7 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
+        "x + attention(LN1(x)) with the block's `rope` table and `attn_bias`, then x + MLP(LN2(x))."
         x = x + self.drop_path1(self.attn(self.norm1(x), rope, attn_bias))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
@@ -133,8 +145,8 @@ class PEViT(nn.Module):
                  num_heads: int = 8,
                  mlp_ratio: float = 4.,
                  qkv_bias: bool = True,
-                 pe: str = 'ape',                # positional encoding, one of `PE_NAMES`
-                 pe_kwargs: dict | None = None,  # extra arguments of the PE class (e.g. `theta`)
+                 pe: str = 'ape',                # positional encoding, one of PE_NAMES
+                 pe_kwargs: dict | None = None,  # extra arguments of the PE class (e.g. theta)
                  drop_rate: float = 0.,          # default for the three dropout rates below
                  pos_drop_rate: float | None = None,
                  attn_drop_rate: float | None = None,
@@ -143,7 +155,7 @@ class PEViT(nn.Module):
                  final_norm: bool = False,       # LayerNorm before the head (timm default True; released code: none)
                  qkv_proj: str = 'linear',       # 'conv': depthwise convolutions before q/k/v (Xu 2025), else linear
                  qkv_kernel: int = 3,            # their kernel size (odd)
-                 style: str = 'timm',            # 'timm' or 'released': initialisation and dropout sites (`MODEL_STYLES`)
+                 style: str = 'timm',            # 'timm' or 'released': initialisation and dropout sites (MODEL_STYLES)
                  global_pool: str = 'token',     # what the head reads: 'token' (CLS, the paper's), 'avg' (patch mean), ''
                 ):
         super().__init__()
@@ -184,25 +196,27 @@ class PEViT(nn.Module):
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
         return self.pos_drop(self.pos_embed(x))
 
-    def _block(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        "One block with the PE's inputs for it: its rotation table and attention bias, as keyword arguments (as timm's Eva)."
-        pe, i = self.pos_embed, blk.layer
-        kw = dict(rope=pe.rope(i) if pe.rotary else None, attn_bias=pe.attn_bias(i) if pe.biased else None)
+    def _block(self, blk: nn.Module, x: torch.Tensor, kw: dict) -> torch.Tensor:
+        "One block with the PE's inputs for it (`rope`, `attn_bias`) as keyword arguments, as timm's Eva."
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
             return torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False, **kw)
         return blk(x, **kw)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C)
+        "Tokens after the last block (and the final norm); the PE's tables are built once for the pass."
         x = self._embed(x)
-        for i, blk in enumerate(self.blocks): x = self.pos_embed.after_block(self._block(blk, x), i)
+        kws = self.pos_embed.block_inputs(len(self.blocks))     # one table for all blocks unless the PE varies by block
+        for i, blk in enumerate(self.blocks): x = self.pos_embed.after_block(self._block(blk, x, kws[i]), i)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        "The head on the pooled tokens: CLS ('token'), the patch mean ('avg') or the tokens as they are ('')."
         if self.global_pool == 'token': x = x[:, 0]                              # CLS token (the paper's)
         elif self.global_pool == 'avg': x = x[:, self.num_prefix_tokens:].mean(1)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        "Logits of the images `(B, 3, H, W)`."
         return self.forward_head(self.forward_features(x))
 
 # %% ../nbs/02_vit.ipynb #afd090d5
@@ -231,7 +245,9 @@ def no_weight_decay(self: PEViT) -> set[str]:
     return {'cls_token'} | {f'pos_embed.{n}' for n in pe}
 
 @patch
-def get_classifier(self: PEViT) -> nn.Module: return self.head
+def get_classifier(self: PEViT) -> nn.Module:
+    "The classification head (timm's API)."
+    return self.head
 
 # %% ../nbs/02_vit.ipynb #d4d41107
 @patch
@@ -270,8 +286,10 @@ def forward_intermediates(self: PEViT, x: torch.Tensor,
     check_choice('output_fmt', output_fmt, ('NCHW', 'NLC'))
     take, last = feature_take_indices(len(self.blocks), indices)
     x, out, p = self._embed(x), [], self.num_prefix_tokens
-    for i, blk in enumerate(self.blocks[:last + 1] if stop_early else self.blocks):
-        x = self.pos_embed.after_block(self._block(blk, x), i)
+    blocks = self.blocks[:last + 1] if stop_early else self.blocks
+    kws = self.pos_embed.block_inputs(len(blocks))
+    for i, blk in enumerate(blocks):
+        x = self.pos_embed.after_block(self._block(blk, x, kws[i]), i)
         if i in take: out.append(self.norm(x) if norm else x)
     prefix, out = [y[:, :p] for y in out], [y[:, p:] for y in out]
     if output_fmt == 'NCHW':
@@ -292,15 +310,19 @@ def prune_intermediate_layers(self: PEViT, indices: int | Sequence[int] = 1, pru
 
 @patch
 def set_input_size(self: PEViT, img_size: int | Sequence[int]):
-    "Adapt to another input resolution: the patch grid, the PE (resampled or recomputed) and conv projections."
+    "Adapt to another input resolution: the patch grid, the PE (resampled or recomputed, see its `set_grid_size`) and conv projections."
     self.patch_embed.set_input_size(img_size=img_size)
     self.grid_size = self.patch_embed.grid_size
     self.pos_embed.set_grid_size(self.grid_size)
     for blk in self.blocks:
         if blk.attn.conv_qkv is not None: blk.attn.conv_qkv.grid_size = grid_hw(self.grid_size)
-    if hasattr(self, 'pretrained_cfg'):
-        s = self.patch_embed.img_size
-        self.pretrained_cfg = {**self.pretrained_cfg, 'input_size': (3, *s)}
+    s = tuple(self.patch_embed.img_size)
+    if hasattr(self, 'pretrained_cfg'): self.pretrained_cfg = {**self.pretrained_cfg, 'input_size': (3, *s)}
+    if hasattr(self, 'model_kwargs'):                    # the recorded config follows: checkpoints rebuild this model
+        kw = {**self.model_kwargs, 'img_size': s}
+        ref = getattr(self.pos_embed, 'ref_grid_size', None)
+        if ref is not None: kw['pe_kwargs'] = {**(kw.get('pe_kwargs') or {}), 'ref_grid_size': tuple(ref)}
+        self.model_kwargs = kw
 
 # %% ../nbs/02_vit.ipynb #aee2cc94
 MODEL_CONFIGS = {
@@ -319,23 +341,34 @@ MODEL_CONFIGS = {
 }
 
 def _pretrained_cfg(name: str, cfg: dict) -> dict:
-    s = cfg['img_size']
-    return dict(architecture=name, input_size=(3, s, s), num_classes=cfg.get('num_classes', 1000), mean=IMAGENET_MEAN,
-                std=IMAGENET_STD, interpolation='bilinear', crop_pct=1.0, crop_mode='squash', first_conv='patch_embed.proj',
-                classifier='head')
+    return dict(architecture=name, input_size=(3, *grid_hw(cfg['img_size'])), num_classes=cfg.get('num_classes', 1000),
+                mean=IMAGENET_MEAN, std=IMAGENET_STD, interpolation='bilinear', crop_pct=1.0, crop_mode='squash',
+                fixed_input_size=True, first_conv='patch_embed.proj', classifier='head')
+
+HUB_SOURCES = ('local-dir', 'hf-hub')
 
 def create_pe_vit(name: str, pe: str = 'ape', pretrained: bool = False, **kwargs) -> PEViT:
     "Build the configuration `name` (a key of `MODEL_CONFIGS`) with positional encoding `pe`; kwargs override."
     check_choice('model', name, MODEL_CONFIGS)
     overlay = kwargs.pop('pretrained_cfg_overlay', None) or {}
+    source = kwargs.pop('pretrained_cfg', None)                 # timm.create_model: a Hub folder's config, else None
+    source = {k: tuple(v) if isinstance(v, list) else v for k, v in source.items()} if isinstance(source, dict) else {}
+    source_args, cache_dir = kwargs.pop('pretrained_model_args', None) or {}, kwargs.pop('cache_dir', None)
     features_only, out_indices = kwargs.pop('features_only', False), kwargs.pop('out_indices', 3)
-    for k in ('pretrained_cfg', 'cache_dir'): kwargs.pop(k, None)              # passed by timm.create_model
-    if pretrained: raise ValueError("pe_anchors models have no published weights; train one (pe_anchors train) or "
-                                    "load a checkpoint with load_checkpoint")
+    if pretrained and source.get('source') not in HUB_SOURCES:
+        raise ValueError("pe_anchors models have no published weights; train one (pe_anchors train) and load it with "
+                         "load_checkpoint, or load a folder written by save_hub: "
+                         "timm.create_model('local-dir:FOLDER', pretrained=True)")
     cfg = {**MODEL_CONFIGS[name], **kwargs}
     model = PEViT(pe=pe, **cfg)
-    model.pretrained_cfg = model.default_cfg = {**_pretrained_cfg(name, cfg), **overlay}
+    model.pretrained_cfg = model.default_cfg = {**_pretrained_cfg(name, cfg), **source, **overlay}
+    model.pretrained_model_args = dict(source_args)             # what the saved weights were built with (timm's record)
     model.model_name, model.model_kwargs = name, dict(pe=pe, **kwargs)
+    if pretrained:                                              # timm's loader: the folder's safetensors, a new head if asked
+        from timm.models import load_pretrained
+        load_pretrained(model, model.pretrained_cfg, num_classes=model.num_classes, in_chans=cfg.get('in_chans', 3),
+                        cache_dir=cache_dir)
+        model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, 'num_classes': model.num_classes}
     if features_only:                                     # timm's feature extractor over `forward_intermediates`
         from timm.models._features import FeatureGetterNet
         return FeatureGetterNet(model, out_indices=out_indices)
@@ -380,7 +413,7 @@ class TokenRecorder:
     "Record per-block residual-stream features of `model` through forward hooks (removed on exit)."
     def __init__(self,
                  model: nn.Module,
-                 points: str | Sequence[str] = 'ln1', # tap points, from `TAP_POINTS`
+                 points: str | Sequence[str] = 'ln1', # tap points, from TAP_POINTS
                  layers: Sequence[int] | None = None, # blocks to tap (default: all)
                  detach: bool = True,
                  to_cpu: bool = False,                # move features to the CPU (keeps GPU memory free)
@@ -454,9 +487,9 @@ class TokenPermutation:
     "Forward hook on `model.patch_embed` that permutes the patch tokens (before CLS and the PE are added)."
     def __init__(self,
                  model: nn.Module,
-                 mode: str = 'batch',               # one of `PERM_MODES` (see the table above)
+                 mode: str = 'batch',               # one of PERM_MODES (see the table above)
                  seed: int | None = None,           # seed of the draws (None: from torch's global generator)
-                 perm: torch.Tensor | None = None,  # a fixed permutation `(N,)` or `(B, N)` instead of random draws
+                 perm: torch.Tensor | None = None,  # a fixed permutation (N,) or (B, N) instead of random draws
                  enabled: bool = True,
                 ):
         if not hasattr(model, 'patch_embed'):
@@ -555,3 +588,72 @@ def load_checkpoint(path: str | Path, map_location: str = 'cpu',
     cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(meta.get('pretrained_cfg') or '{}').items()}
     model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, **cfg}   # e.g. the training mean/std
     return model
+
+# %% ../nbs/02_vit.ipynb #c8d2e002
+def _fmt(v) -> str:
+    "A card value as one table cell."
+    if isinstance(v, float): s = f"{v:.4g}"
+    elif isinstance(v, dict): s = ', '.join(f"{k}={_fmt(x)}" for k, x in v.items())
+    elif isinstance(v, (list, tuple)): s = ', '.join(_fmt(x) for x in v)
+    else: s = str(v)
+    return s.replace('|', '\\|').replace('\n', ' ')
+
+_CARD_LABELS = dict(condition='condition', pe='positional encoding', data='data', recipe='recipe', epochs='epochs',
+                    seed='seed', accuracy='accuracy', ssdc='SSDC')
+
+def _hub_record(model: nn.Module, card: dict) -> dict:
+    "The `pe_anchors` entry of config.json: library version, the PE and its settings, the card."
+    from importlib.metadata import version, PackageNotFoundError
+    try: rec = dict(version=version('pe_anchors'))
+    except PackageNotFoundError: rec = dict(version='unknown')
+    pe = getattr(model, 'pos_embed', None)
+    if isinstance(pe, PosEmbed): rec.update(pe=model.pe, pe_class=type(pe).__name__, pe_settings=pe.settings())
+    if card: rec['card'] = json.loads(json.dumps(card, default=str))
+    return rec
+
+def _model_card(name: str, model: nn.Module, rec: dict, card: dict) -> str:
+    cfg = model.pretrained_cfg
+    head = ['---', 'tags:', '- image-classification', '- timm', '- pe_anchors', 'library_name: timm',
+            f"license: {card.get('license', 'apache-2.0')}", '---', '']
+    title = card.get('title') or (f"{name} with the {rec['pe']} positional encoding" if 'pe' in rec else name)
+    rows = [('architecture', f"`{name}`" + (f" ({model.embed_dim} x {len(model.blocks)} blocks, {model.num_heads} heads)"
+                                             if isinstance(model, PEViT) else ''))]
+    if 'pe' in rec:
+        geometry = ('grid_size', 'num_prefix_tokens', 'embed_dim', 'head_dim', 'num_heads', 'depth')
+        rows.append(('positional encoding', f"`{rec['pe']}` ({rec['pe_class']}: "
+                     + _fmt({k: v for k, v in rec['pe_settings'].items() if k not in geometry}) + ')'))
+    rows += [('input', f"{' x '.join(map(str, cfg['input_size']))}, mean {_fmt(cfg['mean'])}, std {_fmt(cfg['std'])}"),
+             ('classes', str(model.num_classes)), ('parameters', f"{sum(p.numel() for p in model.parameters()):,}")]
+    rows += [(_CARD_LABELS.get(k, k), _fmt(v)) for k, v in card.items() if k not in ('title', 'license')]
+    kind = 'A Vision Transformer' if isinstance(model, PEViT) else 'A model'
+    body = [f"# {title}", '', f"{kind} trained with pe_anchors, saved in timm's Hub layout.", '',
+            '| | |', '|---|---|', *[f"| {k} | {v} |" for k, v in rows], '', '## Load it', '', '```python',
+            'import pe_anchors, timm   # pe_anchors registers the pe_vit_* architectures with timm',
+            "model = timm.create_model('local-dir:PATH/TO/THIS/FOLDER', pretrained=True).eval()   # or 'hf-hub:USER/REPO'",
+            'cfg = timm.data.resolve_data_config(model=model)                                     # its mean, std, size',
+            '```', '']
+    return '\n'.join(head + body)
+
+def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.create_model, load_checkpoint) or any timm model
+             out_dir: str | Path,         # the folder to create: config.json, model.safetensors, README.md
+             card: dict | None = None,    # model-card rows (condition, data, recipe, accuracy, ssdc, ...), title, license
+            ) -> Path:
+    "Write `model` as a Hugging Face Hub folder in timm's layout with a README.md model card; returns the folder."
+    from timm.models import save_for_hf
+    name, kwargs = _model_id(model)
+    if not name: raise ValueError(f"this {type(model).__name__} does not record how it was built: create it by name "
+                                  "(timm.create_model('pe_vit_...', pe=...)) or load it with load_checkpoint")
+    out, card = Path(out_dir), dict(card or {})
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder; remove it or choose another out_dir")
+    rec = _hub_record(model, card)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f'.{out.name}.', suffix='.tmp'))
+    try:
+        save_for_hf(model, tmp, model_config={'pe_anchors': rec}, model_args=kwargs, safe_serialization=True)
+        (tmp / 'README.md').write_text(_model_card(name, model, rec, card), encoding='utf-8')
+        os.chmod(tmp, 0o777 & ~current_umask())
+        os.replace(tmp, out)                                       # complete or absent, never half written
+    finally:
+        if tmp.exists(): shutil.rmtree(tmp)
+    return out

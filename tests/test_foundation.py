@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import pe_anchors
 from pe_anchors.core import grid_coords
 from pe_anchors.pos_embed import (PE_NAMES, SinCos2D, RoPE2D, RoPEMixed, LearnedAPE, NoPE, create_pos_embed,
-                                  rope_rotate)
+                                  apply_rope)
 from pe_anchors.vit import PEViT, TokenRecorder, TokenPermutation, save_checkpoint, load_checkpoint, MODEL_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,23 +71,62 @@ def test_sincos_matches_written_out_formula():
             assert pe[k, 3 * D // 4 + j] == pytest.approx(math.cos(y * w), abs=1e-6)
 
 
-def test_rope_matches_explicit_rotation_matrix():
-    # brute force: build the 2x2 rotation of every plane by hand for one token and compare
-    H, W, hd = 3, 4, 8
-    rope = RoPE2D((H, W), hd, num_heads=1, num_prefix_tokens=0)
-    q = torch.randn(1, 1, H * W, hd)
-    out, _ = rope.rotate(q, q)
-    n = hd // 4
-    for t in range(H * W):
-        y, x = t // W, t % W
-        ref = q[0, 0, t].clone()
-        for half, coord in ((0, x), (1, y)):
+def _axial_rotation(t, grid, theta=10000.):
+    "Axial 2D RoPE written out for patch tokens (..., H*W, D) in row-major order: in each half, channel i pairs with i + n."
+    (H, W), D = grid, t.shape[-1]
+    n, out = D // 4, t.clone()
+    for tok in range(H * W):
+        y, x = divmod(tok, W)
+        for half, coord in ((0, x), (1, y)):                      # quarters 1-2 turn by x theta_i, quarters 3-4 by y theta_i
             for i in range(n):
-                a = coord * 10000 ** (-i / n)
-                i1, i2 = half * 2 * n + i, half * 2 * n + n + i
-                u1, u2 = q[0, 0, t, i1], q[0, 0, t, i2]
-                ref[i1], ref[i2] = u1 * math.cos(a) - u2 * math.sin(a), u2 * math.cos(a) + u1 * math.sin(a)
-        torch.testing.assert_close(out[0, 0, t], ref, atol=1e-5, rtol=1e-5)
+                a = coord * theta ** (-i / n)
+                i1, i2 = 2 * n * half + i, 2 * n * half + n + i
+                u1, u2 = t[..., tok, i1], t[..., tok, i2]
+                out[..., tok, i1], out[..., tok, i2] = u1 * math.cos(a) - u2 * math.sin(a), u2 * math.cos(a) + u1 * math.sin(a)
+    return out
+
+
+@pytest.mark.parametrize('pe', ['rope', 'ape_rope'])
+def test_block_rotation_equals_written_out_formula(pe):
+    "The rotation a block applies to q and k (inside its attention, the table the model hands it) is the axial formula."
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch1_8', pe=pe).eval()             # 8x8 grid, 4 heads of 16, 4 blocks
+    with torch.no_grad():
+        for blk in m.blocks: blk.attn.qkv.weight.mul_(10)                    # attention far from uniform
+    blk, seen = m.blocks[2], {}
+    hooks = [blk.norm1.register_forward_hook(lambda mod, i, o: seen.__setitem__('h', o)),
+             blk.attn.register_forward_hook(lambda mod, i, o: seen.__setitem__('out', o))]
+    with torch.no_grad(): m(torch.randn(2, 3, 8, 8))
+    for h in hooks: h.remove()
+    attn, h = blk.attn, seen['h']
+    with torch.no_grad():
+        q, k, v = attn.rotated_qkv(h)                                       # no table: the plain projections
+        qf, kf = (torch.cat([t[..., :1, :], _axial_rotation(t[..., 1:, :], (8, 8))], -2) for t in (q, k))  # CLS kept
+        want = attn.proj((torch.softmax(qf @ kf.transpose(-2, -1) / math.sqrt(16), -1) @ v).transpose(1, 2).reshape(2, 65, 64))
+        torch.testing.assert_close(seen['out'], want, atol=1e-5, rtol=1e-5)  # what the block computed in the forward pass
+        rq, rk, _ = attn.rotated_qkv(h, m.pos_embed.rope(2))
+    torch.testing.assert_close(rq, qf, atol=1e-5, rtol=1e-5); torch.testing.assert_close(rk, kf, atol=1e-5, rtol=1e-5)
+    assert (qf - q).abs().max() > .1 and torch.equal(rq[..., 0, :], q[..., 0, :])
+
+
+@pytest.mark.parametrize('pe, pe_kwargs, per_block', [('rope', {}, False), ('ape_rope', {}, False), ('rope_dinov3', {}, False),
+                                                      ('alibi', {}, False), ('rpb', dict(shared=True), False),
+                                                      ('rpb', {}, True), ('rope_mixed', {}, True)])
+def test_pe_tables_built_once_per_pass(pe, pe_kwargs, per_block):
+    "A table that is the same in every block is built once per forward pass and handed to all blocks (timm's Eva)."
+    m = timm.create_model('pe_vit_nano_patch1_8', pe=pe, pe_kwargs=pe_kwargs).eval()
+    key = 'rope' if m.pos_embed.rotary else 'attn_bias'
+    build, calls, got = getattr(m.pos_embed, key), [], {}
+    setattr(m.pos_embed, key, lambda layer=0: calls.append(layer) or build(layer))
+    hooks = [b.register_forward_pre_hook(lambda mod, a, kw, i=i: got.__setitem__(i, kw[key]), with_kwargs=True)
+             for i, b in enumerate(m.blocks)]
+    with torch.no_grad(): m(torch.randn(2, 3, 8, 8))
+    for h in hooks: h.remove()
+    assert calls == (list(range(4)) if per_block else [0])
+    if per_block: assert not any(torch.equal(got[0], got[i]) for i in (1, 2, 3))
+    else: assert all(got[i] is got[0] for i in range(4))
+    with torch.no_grad(): m.forward_intermediates(torch.randn(2, 3, 8, 8), indices=[1], stop_early=True)
+    assert calls[-1] == (1 if per_block else 0)                              # the blocks run, no more
 
 
 @settings(max_examples=25, deadline=None)
@@ -101,7 +140,7 @@ def test_rope_score_is_translation_invariant(r1, c1, r2, c2, dr, dc, kind):
     def score(i, j):
         Q = torch.zeros(1, 1, H * W, hd); K = torch.zeros_like(Q)
         Q[0, 0, i], K[0, 0, j] = q, k
-        with torch.no_grad(): Qr, Kr = rope.rotate(Q, K)
+        with torch.no_grad(): Qr, Kr = apply_rope(Q, rope.rope(0)), apply_rope(K, rope.rope(0))   # as a block's attention
         return float(Qr[0, 0, i] @ Kr[0, 0, j])
     def idx(r, c): return r * W + c
     R1, C1, R2, C2 = r1 + dr, c1 + dc, r2 + dr, c2 + dc

@@ -144,7 +144,8 @@ def test_pevit_knockout_grid_of_blocks_and_heads():
     torch.manual_seed(0)
     m = timm.create_model('pe_vit_nano_patch1_8', pe='rope', num_classes=10)
     mask = knockout_mask(m, 'col', blocks=[1, 3], heads=[0])
-    col = set(m.pos_embed.axis_planes('col').tolist())
+    col = set(np.flatnonzero(rotary_axes(m)[0, 0] == 'col').tolist())   # the planes the knockout code reads as columns
+    assert col == set(range(m.pos_embed.head_dim // 4))               # axial RoPE: planes 0..n-1 turn with x theta_k
     for b, h, p in itertools.product(range(4), range(m.num_heads), range(mask.shape[-1])):
         assert mask[b, h, p] == (0. if (b in (1, 3) and h == 0 and p in col) else 1.)
     with pytest.raises(IndexError, match='head 9'): knockout_mask(m, heads=[9])

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 import pe_anchors  # noqa: F401
 from pe_anchors.core import CONDITIONS, EXTENSION_CONDITIONS, grid_coords
-from pe_anchors.pos_embed import APERoPE, RoPEDinoV3, alibi_slopes
+from pe_anchors.pos_embed import (ALiBi2D, APERoPE, RoPE2D, RoPEDinoV3, RoPEMixed, alibi_slopes, apply_rope, rope_to_timm,
+                                  swap_quarters)
 from pe_anchors.vit import PEViT, TokenPermutation, save_checkpoint, load_checkpoint
 
 NEW = ('rpb', 'ape_rope', 'rope_dinov3', 'peg', 'alibi')
@@ -121,14 +122,133 @@ def test_resolution_change_resizes_tables():
 def test_dinov3_coordinate_augmentation_only_in_training():
     m = vit('rope_dinov3')
     pe = m.pos_embed
-    x = torch.randn(1, 3, 16, 16)
-    m.eval(); m(x); a0 = pe.base_angles().clone()
-    m.train(); torch.manual_seed(1); m(x); a1 = pe.base_angles().clone()
+    m.eval(); a0 = pe.base_angles().clone()
+    m.train(); torch.manual_seed(1); a1 = pe.base_angles().clone()
     assert not torch.allclose(a0, a1)
     valid = a0.abs() > 1e-3
     ratio = a1[valid] / a0[valid]
     assert torch.allclose(ratio, ratio[0], rtol=1e-4) and ratio[0] != 1                     # one global rescale, no shift
-    m.eval(); m(x); torch.testing.assert_close(pe.base_angles(), a0)
+    m.eval(); torch.testing.assert_close(pe.base_angles(), a0)
+
+
+def _dinov3_written_out(H, W, hd, seed, shift, jitter, rescale):
+    "DINOv3's angles with the draws made by hand: ((c + shift) * jitter) * rescale, column planes first (our order)."
+    torch.manual_seed(seed)                                              # the draws in DINOv3's order: shift, jitter, rescale
+    s = torch.empty(2).uniform_(-shift, shift)
+    j = torch.empty(2).uniform_(-math.log(jitter), math.log(jitter)).exp()
+    r = torch.empty(1).uniform_(-math.log(rescale), math.log(rescale)).exp()
+    rows, cols = torch.meshgrid(torch.arange(H), torch.arange(W), indexing='ij')
+    c = torch.stack([(rows.flatten() + .5) / H, (cols.flatten() + .5) / W], 1) * 2 - 1      # (N, 2) in [-1, 1]
+    c = ((c + s) * j) * r
+    period = 100. ** (2 * torch.arange(hd // 4, dtype=torch.float32) / (hd // 2))
+    return torch.cat([2 * math.pi * c[:, 1:] / period, 2 * math.pi * c[:, :1] / period], 1)
+
+
+@pytest.mark.parametrize('aug_draw', ['block', 'pass'])
+def test_dinov3_augmentation_order_matches_formula(aug_draw):
+    H, W, hd = 3, 5, 16
+    pe = RoPEDinoV3((H, W), hd, 2, shift=.5, jitter=1.5, rescale=2., aug_draw=aug_draw).train()
+    torch.manual_seed(7)
+    if aug_draw == 'pass': pe(torch.zeros(1, 1 + H * W, 8))              # the pass's draw is made in forward
+    got = pe.base_angles()[0]
+    want = _dinov3_written_out(H, W, hd, 7, .5, 1.5, 2.)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    from timm.layers import RotaryEmbeddingDinoV3                         # second reference: timm's port, training mode
+    t = RotaryEmbeddingDinoV3(hd, temperature=100., feat_shape=[H, W], shift_coords=.5, jitter_coords=1.5,
+                              rescale_coords=2.).train()
+    torch.manual_seed(7); sin = t.get_embed().chunk(2, -1)[0][:, :hd // 2]   # (row planes, column planes)
+    torch.testing.assert_close(torch.sin(got), torch.cat([sin[:, hd // 4:], sin[:, :hd // 4]], 1), atol=1e-5, rtol=1e-5)
+
+
+def _block_ropes(m, x):
+    got = {}
+    hooks = [b.register_forward_pre_hook(lambda mod, a, kw, i=i: got.__setitem__(i, kw['rope']), with_kwargs=True)
+             for i, b in enumerate(m.blocks)]
+    with torch.no_grad(): m(x)
+    for h in hooks: h.remove()
+    return got
+
+
+def test_dinov3_draws_per_block():
+    x = torch.randn(1, 3, 16, 16)
+    m = vit('rope_dinov3')                                                   # aug_draw='block', the default
+    assert m.pos_embed.aug_draw == 'block'
+    r = _block_ropes(m.train(), x)
+    assert not torch.equal(r[0], r[1]) and not torch.equal(r[1], r[2])       # training: each block its own draw
+    r = _block_ropes(m.eval(), x)
+    assert torch.equal(r[0], r[1]) and torch.equal(r[0], r[2])               # evaluation: the same table
+    ev = r[0]
+    p = vit('rope_dinov3', pe_kwargs=dict(aug_draw='pass'))
+    r = _block_ropes(p.train(), x)
+    assert torch.equal(r[0], r[1]) and torch.equal(r[0], r[2]) and not torch.equal(r[0], ev)   # one draw for the pass
+    with pytest.raises(ValueError, match="'block', 'pass'"): vit('rope_dinov3', pe_kwargs=dict(aug_draw='layer'))
+
+
+def _press_slopes(n):
+    "ALiBi's slopes as published by Press et al. (get_slopes in their code), written out."
+    def pow2(n):
+        start = 2 ** (-2 ** -(math.log2(n) - 3))
+        return [start * start ** i for i in range(n)]
+    if math.log2(n).is_integer(): return pow2(n)
+    p = 2 ** math.floor(math.log2(n))
+    return pow2(p) + _press_slopes(2 * p)[0::2][:n - p]
+
+
+@pytest.mark.parametrize('heads', [4, 6, 8, 12])
+def test_alibi_slopes_follow_press(heads):
+    torch.testing.assert_close(alibi_slopes(heads), torch.tensor(_press_slopes(heads), dtype=torch.float32))
+    torch.testing.assert_close(ALiBi2D(4, heads).slopes, alibi_slopes(heads))            # the default
+    geo = 2. ** (-8. * torch.arange(1, heads + 1) / heads)
+    torch.testing.assert_close(alibi_slopes(heads, 'geometric'), geo.float())
+    torch.testing.assert_close(ALiBi2D(4, heads, slope_scheme='geometric').slopes, geo.float())
+    if heads == 6: torch.testing.assert_close(alibi_slopes(6), torch.tensor([.25, .0625, .015625, .00390625, .5, .125]))
+    m = PEViT(img_size=8, patch_size=2, embed_dim=8 * heads, depth=1, num_heads=heads, pe='alibi')
+    torch.testing.assert_close(m.pos_embed.slopes, torch.tensor(_press_slopes(heads), dtype=torch.float32))
+
+
+@pytest.mark.parametrize('pe', ['ape_rope', 'rope'])
+def test_rope_reference_grid_on_resolution_change(pe):
+    "EVA-02 (timm's ref_feat_shape): after a resize, coordinates are index * ref / grid; by default integer indices."
+    theta_k = 10000. ** (-torch.arange(4, dtype=torch.float64) / 4)                     # head_dim 16: n = 4
+    def want(grid, scale):
+        rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing='ij')
+        x, y = cols.flatten()[:, None] * scale, rows.flatten()[:, None] * scale
+        return torch.cat([x * theta_k, y * theta_k], 1).float()
+    plain, eva = vit(pe), vit(pe, pe_kwargs=dict(ref_grid_size=8))                      # 16 px, patch 2: an 8x8 grid
+    torch.testing.assert_close(eva.pos_embed.base_angles()[0], plain.pos_embed.base_angles()[0])   # same at the ref grid
+    for m in (plain, eva): m.set_input_size(32)                                          # 16x16 grid
+    torch.testing.assert_close(plain.pos_embed.base_angles()[0], want(16, 1.))
+    torch.testing.assert_close(eva.pos_embed.base_angles()[0], want(16, 8 / 16))
+    assert eva(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+    late = vit(pe); late.pos_embed.ref_grid_size = late.pos_embed.grid_size             # a trained model, resized EVA's way
+    late.set_input_size(32)
+    torch.testing.assert_close(late.pos_embed.base_angles()[0], want(16, 8 / 16))
+
+
+def test_resized_model_checkpoint_rebuilds_it(tmp_path):
+    m = timm.create_model('pe_vit_nano_patch2_16', pe='ape_rope', num_classes=5)
+    m.pos_embed.ref_grid_size = m.pos_embed.grid_size
+    m.set_input_size(32); m.eval()
+    back = load_checkpoint(save_checkpoint(m, tmp_path / 'm.safetensors')).eval()
+    assert back.pos_embed.ref_grid_size == (8, 8) and back.grid_size == (16, 16)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(): assert torch.equal(back(x), m(x))
+
+
+@pytest.mark.parametrize('kind', ['rope', 'rope_mixed', 'rope_dinov3'])
+def test_rope_layout_converts_to_timm(kind):
+    "Our table pairs quarter 1 with 2 and 3 with 4; swapping the middle quarters gives timm's rotate-half layout."
+    from timm.layers import apply_rot_embed_cat
+    torch.manual_seed(0)
+    pe = {'rope': RoPE2D, 'rope_mixed': RoPEMixed, 'rope_dinov3': RoPEDinoV3}[kind]((4, 6), 16, 3).eval()
+    t, q = pe.rope(0), torch.randn(2, 3, 24, 16)
+    ours = apply_rope(q, t)
+    timm_rot = swap_quarters(apply_rot_embed_cat(swap_quarters(q), rope_to_timm(t), half=True))
+    torch.testing.assert_close(timm_rot, ours, atol=1e-5, rtol=1e-5)
+    assert (apply_rot_embed_cat(q, t, half=True) - ours).abs().max() > .1                # unconverted: other pairs
+    torch.testing.assert_close(swap_quarters(swap_quarters(q)), q)
+    sin = t.chunk(2, -1)[0]                                                              # the layout stated in the docs
+    torch.testing.assert_close(sin[..., :4], sin[..., 4:8]); torch.testing.assert_close(sin[..., 8:12], sin[..., 12:])
 
 
 @pytest.mark.parametrize('pe', NEW)
