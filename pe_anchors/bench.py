@@ -53,7 +53,7 @@ def _naive_spearman(pairs: np.ndarray, neg_d: np.ndarray) -> np.ndarray: # (L, B
     return np.array([[spearmanr(p, neg_d).statistic for p in layer] for layer in pairs])
 
 def bench_ssdc(n_images: int = 1000,
-               n_tokens: int = 196,          # a square number, or pass `grid_size`
+               n_tokens: int = 196,          # a square number, or pass grid_size
                n_layers: int = 12,
                dim: int = 384,
                batch_size: int = 100,
@@ -191,7 +191,7 @@ def bench_train(model: str = 'pe_vit_nano_patch1_8',
                 bs: int = 64,
                 steps: int = 20,
                 warmup: int = 5,
-                pes: tuple | None = None,       # PEs for the per-PE rows (default: all of `PE_NAMES`)
+                pes: tuple | None = None,       # PEs for the per-PE rows (default: all of PE_NAMES)
                 compile: bool = False,
                 device=None,
                 model_kwargs: dict | None = None,

@@ -8,8 +8,9 @@ import argparse, errno, json, os, re, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['UserError', 'positive_int', 'positive_float', 'device_arg', 'check_device', 'cmd_demo', 'cmd_train', 'cmd_analyze',
-           'cmd_sweep', 'cmd_report', 'cmd_atlas', 'cmd_bench', 'parser', 'main']
+__all__ = ['UserError', 'positive_int', 'positive_float', 'threads_arg', 'alpha_arg', 'device_arg', 'check_device', 'load_hint',
+           'cmd_demo', 'cmd_train', 'cmd_analyze', 'cmd_sweep', 'cmd_report', 'cmd_atlas', 'cmd_bench', 'parser',
+           'main']
 
 # %% ../nbs/13_cli.ipynb #e368ee62
 class UserError(Exception):
@@ -35,6 +36,17 @@ def positive_float(s: str) -> float:
     if not v > 0 or v == float('inf'): raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
     return v
 
+def threads_arg(s: str) -> int | str:
+    "argparse type: 'auto' or a number of torch threads >= 1."
+    return s if s == 'auto' else positive_int(s)
+
+def alpha_arg(s: str) -> float:
+    "argparse type: a PE scale α, a finite number >= 0."
+    try: v = float(s)
+    except ValueError: raise argparse.ArgumentTypeError(f"α must be a number, got {s!r}") from None
+    if not (v >= 0 and v != float('inf')): raise argparse.ArgumentTypeError(f"α must be a finite number >= 0, got {s}")
+    return v
+
 def device_arg(s: str) -> str:
     "argparse type: 'cpu', 'cuda', 'cuda:N' or 'mps' (availability is checked when the command runs)."
     if not re.fullmatch(r'cpu|mps|cuda(:\d+)?', s):
@@ -57,7 +69,12 @@ def _common(p: argparse.ArgumentParser, *, data: bool = True, device_help: str =
         p.add_argument('--data', default=None, help='digits, cifar10, imagenet100, image_folder, or a dataset folder / .npz path')
         p.add_argument('--data-path', help='where cifar10 / imagenet100 / image_folder live (a folder, or the .npz for cifar10)')
     p.add_argument('--device', type=device_arg, help=device_help)
+    _threads_opt(p)
     p.add_argument('--quiet', action='store_true', help='no progress output')
+
+def _threads_opt(p: argparse.ArgumentParser):
+    p.add_argument('--threads', type=threads_arg, default='auto', metavar='N',
+                   help="torch threads on the CPU (default auto: the cores other processes leave free, checked at start and each epoch)")
 
 def _run_opts(p: argparse.ArgumentParser, many: bool):
     "Options of commands that train: conditions, seeds, epochs, callbacks, restart."
@@ -65,7 +82,8 @@ def _run_opts(p: argparse.ArgumentParser, many: bool):
                    help='nope, ape, spe, rope, rpt, rope_mixed' + (' (one or more)' if many else ''))
     p.add_argument('--seed', '--seeds', dest='seeds', nargs='+' if many else 1, type=int, metavar='SEED')
     p.add_argument('--epochs', type=positive_int)
-    p.add_argument('--cbs', nargs='+', metavar='NAME', help='extra fastai callbacks: csv, tensorboard, wandb, ... or module:Class')
+    p.add_argument('--cbs', nargs='+', metavar='NAME', help='extra fastai callbacks: csv, tensorboard, wandb, ... or module:Class '
+                   '(a fastai Callback subclass, imported: the command line only, never an experiment file)')
     p.add_argument('--restart', action='store_true', help='delete earlier results in --out and start over')
 
 # %% ../nbs/13_cli.ipynb #b04d48c7
@@ -81,12 +99,16 @@ def _dataset(name: str | None, path: str | None):
     return get_data(name)
 
 def _load_experiment(config: str, a):
+    "The experiment of a preset or file with the command line's overrides; and the `module:Class` callbacks asked for."
     from pe_anchors.experiment import Experiment, PRESETS, preset
+    from pe_anchors.learner import CALLBACKS, make_callbacks
     o = {}
     if a.conditions: o['conditions'] = a.conditions
     if a.seeds: o['seeds'] = a.seeds
     if a.epochs: o['train_kwargs'] = dict(epochs=a.epochs)
-    if a.cbs: o['callbacks'] = a.cbs
+    named, extra = [c for c in a.cbs or [] if c in CALLBACKS], [c for c in a.cbs or [] if c not in CALLBACKS]
+    make_callbacks(extra, allow_import=True)        # each must import and be a fastai Callback, before anything runs
+    if named: o['callbacks'] = named
     exp = preset(config, **o) if config in PRESETS else Experiment.load(config, **o)
     if a.data_path:
         if exp.data in ('cifar10', 'imagenet100', 'image_folder'): exp.data_kwargs = {**exp.data_kwargs, 'path': a.data_path}
@@ -94,7 +116,31 @@ def _load_experiment(config: str, a):
     if exp.data in ('cifar10', 'imagenet100', 'image_folder') and 'path' not in exp.data_kwargs \
        and not (exp.data == 'cifar10' and os.environ.get('PE_ANCHORS_CIFAR10')):
         raise UserError(f"the {exp.data} experiment needs the data location: --data-path PATH")
-    return exp
+    return exp, extra
+
+def _out_dir(path: str) -> Path:
+    "`--out` as a directory (made when needed): a file there is refused."
+    p = Path(path)
+    if p.exists() and not p.is_dir(): raise UserError(f"--out {p} is a file: give a directory (it is made if missing)")
+    return p
+
+def _threads(a) -> int | str:
+    "Set torch's threads for a computing command; print a one-line hint when other processes keep cores busy."
+    from pe_anchors.core import auto_threads, busy_cores, set_threads
+    hint = not getattr(a, 'quiet', False) and (os.environ.get('PE_ANCHORS_LOAD_HINT') == '1' or (
+        'PYTEST_CURRENT_TEST' not in os.environ and os.environ.get('PE_ANCHORS_QUIET', '0') != '1'))
+    busy = busy_cores() if (a.threads == 'auto' or hint) else 0.
+    n = set_threads(auto_threads(busy) if a.threads == 'auto' else a.threads)
+    if hint and busy >= .5: print(load_hint(busy, n, a.threads == 'auto'), file=sys.stderr, flush=True)
+    return a.threads
+
+def load_hint(busy: float, threads: int, auto: bool) -> str:
+    "The one line printed at start when other processes keep `busy` cores busy."
+    from pe_anchors.core import usable_cores
+    what = f"pe_anchors: {busy:.1f} of {usable_cores()} cores are busy with other processes"
+    if auto: return f"{what}; torch uses {threads} thread(s) and follows the load each epoch (--threads N fixes it)"
+    return (f"{what}; with --threads {threads} every torch operation waits for the busy cores (several times slower): "
+            "--threads auto uses the free ones")
 
 def _print_verdicts(results):
     from pe_anchors.report import verdicts
@@ -108,12 +154,14 @@ def cmd_demo(a):
     from pe_anchors.experiment import run_experiment
     from pe_anchors.report import write_report
     device = check_device(a.device) or 'cpu'
-    exp = _load_experiment('digits', a)
-    out = Path(a.out)
+    exp, extra = _load_experiment('digits', a)
+    out = _out_dir(a.out)
+    threads = _threads(a)
     print(f"pe_anchors demo: {len(exp.runs())} runs of the digits preset ({', '.join(exp.conditions)}) into {out}/\n"
           f"  {hardware_info(device)}", flush=True)
     t = time.perf_counter()
-    df = run_experiment(exp, out, device=device, show=False if a.quiet else None, verbose=not a.quiet, restart=a.restart)
+    df = run_experiment(exp, out, device=device, show=False if a.quiet else None, verbose=not a.quiet, restart=a.restart,
+                        extra_callbacks=extra, threads=threads)
     report = write_report(out)
     print(f"\ndone in {(time.perf_counter() - t) / 60:.1f} min. Verdicts (digits, {len(exp.seeds)} seed(s); the paper used "
           "ImageNet-100 and 4 seeds):")
@@ -125,31 +173,45 @@ def cmd_train(a):
     from pe_anchors.learner import make_callbacks, train
     device = check_device(a.device)
     kw = {k: v for k, v in dict(epochs=a.epochs, bs=a.bs, lr=a.lr).items() if v is not None}
-    out = train((a.conditions or ['ape'])[0], _dataset(a.data, a.data_path), a.recipe, run_dir=a.out,
+    cbs, out = make_callbacks(a.cbs, allow_import=True), _out_dir(a.out)
+    out = train((a.conditions or ['ape'])[0], _dataset(a.data, a.data_path), a.recipe, run_dir=out,
                 seed=(a.seeds or [0])[0], model=a.model, device=device, pe=a.pe, rpt_mode=a.rpt_mode,
-                show_progress=False if a.quiet else None, resume=not a.restart, cbs=make_callbacks(a.cbs), **kw)
+                show_progress=False if a.quiet else None, resume=not a.restart, cbs=cbs, threads=_threads(a), **kw)
     out.pop('learn', None)
     print(json.dumps(out, indent=2))
 
+def _condition(asked: str | None, model, cfg: dict, where: Path) -> str:
+    "The condition of a trained model: its run's config, else its PE; `--condition` only where it agrees with them."
+    from pe_anchors.core import CONDITIONS, condition_spec
+    pe = getattr(model, 'pe', None) if isinstance(getattr(model, 'pe', None), str) else None   # a pe_vit model's PE
+    if asked is not None: condition_spec(asked)                       # a known name
+    if asked and cfg.get('condition') and asked != cfg['condition']:
+        raise UserError(f"--condition {asked} contradicts the run's config ({cfg['condition']}, {where.parent / 'config.json'})")
+    if asked and pe is not None and condition_spec(asked)['pe'] != pe:
+        raise UserError(f"--condition {asked} (PE {condition_spec(asked)['pe']}) contradicts the checkpoint, a {pe} model; "
+                        "leave --condition out to take it from the checkpoint")
+    found = cfg.get('condition') or next((c for c, s in CONDITIONS.items() if s['pe'] == pe and not s['rpt']), None)
+    if (asked or found) is None: raise UserError("cannot tell the model's condition: pass --condition")
+    return asked or found
+
 def cmd_analyze(a):
     "Measure a trained model (a checkpoint or a run directory) on a dataset; rows go to OUT/analysis.csv."
-    from pe_anchors.vit import load_checkpoint
-    from pe_anchors.experiment import EvalData, Experiment, evaluate_model
+    from pe_anchors.core import write_atomic
+    from pe_anchors.experiment import EvalData, Experiment, evaluate_model, load_trained
     device = check_device(a.device)
+    out = _out_dir(a.out)
     p = Path(a.model)
     ck = p / 'model.safetensors' if p.is_dir() else p
     if not ck.exists(): raise UserError(f"no trained model at {ck} (give a .safetensors file or a finished run directory)")
-    model = load_checkpoint(ck)
-    cfg = json.loads((ck.parent / 'config.json').read_text()) if (ck.parent / 'config.json').exists() else {}
-    condition = (a.conditions or [None])[0] or cfg.get('condition')
-    if condition is None: raise UserError("cannot tell the model's condition: pass --condition")
+    model, cfg = load_trained(ck)
+    condition = _condition((a.conditions or [None])[0], model, cfg, ck)
+    threads = _threads(a)
     ds = _dataset(a.data, a.data_path)
     exp = Experiment(name=a.name or ds.name, conditions=[condition], ssdc_images=a.ssdc_images, n_perms=a.n_perms,
                      alphas=a.alphas, alpha_conditions=[condition] if a.alphas else [])
     ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, device or ('cuda' if _cuda() else 'cpu'))
-    df = evaluate_model(model, ev, exp, condition, seed=cfg.get('seed', 0))
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / 'analysis.csv', index=False)
+    df = evaluate_model(model, ev, exp, condition, seed=cfg.get('seed', 0), show=False if a.quiet else None)
+    write_atomic(out / 'analysis.csv', df.to_csv(index=False))      # atomically: a full disk leaves no empty table
     plain = df[df.get('sweep').isna()] if 'sweep' in df else df
     ssdc = plain[plain.metric == 'ssdc'].pivot_table(index='layer', columns='mode', values='value')
     print(ssdc.round(3).to_string())
@@ -160,13 +222,15 @@ def cmd_analyze(a):
 def _cuda() -> bool:
     import torch; return torch.cuda.is_available()
 
+
 # %% ../nbs/13_cli.ipynb #24d9d593
 def cmd_sweep(a):
     "Run (or continue) an experiment: a preset name or a JSON/YAML file."
     from pe_anchors.experiment import run_experiment
-    exp = _load_experiment(a.config, a)
-    df = run_experiment(exp, a.out, shard=a.shard, device=check_device(a.device), show=False if a.quiet else None,
-                        verbose=not a.quiet, restart=a.restart)
+    exp, extra = _load_experiment(a.config, a)
+    out, device = _out_dir(a.out), check_device(a.device)
+    df = run_experiment(exp, out, shard=a.shard, device=device, show=False if a.quiet else None, verbose=not a.quiet,
+                        restart=a.restart, extra_callbacks=extra, threads=_threads(a))
     print(f"{df[['condition', 'seed']].drop_duplicates().shape[0]} finished run(s), {len(df)} rows in {Path(a.out) / 'results.csv'}")
 
 def cmd_report(a):
@@ -184,6 +248,7 @@ def cmd_atlas(a):
     "SSDC unpermuted and under RPI per block for timm checkpoints on an image folder: OUT/atlas.csv and atlas.png."
     from pe_anchors.atlas import atlas
     if not a.data_path: raise UserError("atlas needs --data-path: an image folder with train/ and val/ class folders")
+    _threads(a)
     df = atlas(a.models, a.data_path, n_images=a.images, n_perms=a.n_perms, pretrained=not a.random, out=a.out,
                show_progress=False if a.quiet else None)
     last = df.sort_values('layer').groupby(['model', 'mode'])['value'].last().unstack()
@@ -192,6 +257,7 @@ def cmd_atlas(a):
 def cmd_bench(a):
     "Run a benchmark; each prints its own figures (named baseline, ratio, hardware)."
     device = check_device(a.device)
+    _threads(a)
     if a.what == 'ssdc':
         from pe_anchors.bench import bench_ssdc
         bench_ssdc(device=device, **(dict(n_images=100, naive_images=20) if a.quick else {}))
@@ -250,7 +316,7 @@ def parser() -> argparse.ArgumentParser:
                    help='the model condition (read from the run config when present)')
     s.add_argument('--ssdc-images', type=positive_int, default=1000, help='images SSDC is averaged over (default 1000)')
     s.add_argument('--n-perms', type=positive_int, default=8, help='RPI permutation draws (default 8)')
-    s.add_argument('--alphas', type=float, nargs='*', default=[], help='α values for a PE-scaling sweep')
+    s.add_argument('--alphas', type=alpha_arg, nargs='*', default=[], help='α values for a PE-scaling sweep')
     s.add_argument('--name', help='dataset label in the output rows')
     s.add_argument('--out', default='.', help='directory for analysis.csv (default: .)')
     _common(s)
@@ -279,12 +345,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument('--images', type=positive_int, default=256, help='validation images, class-stratified (default 256)')
     s.add_argument('--n-perms', type=positive_int, default=8, help='RPI permutation draws (default 8)')
     s.add_argument('--random', action='store_true', help='random weights instead of pretrained (no download)')
+    _threads_opt(s)
     s.add_argument('--quiet', action='store_true')
     s.set_defaults(func=cmd_atlas)
 
     s = sub.add_parser('bench', help='benchmarks (print their figures)', description=cmd_bench.__doc__)
     s.add_argument('what', choices=['ssdc', 'train', 'shifts', 'gpu'])
     s.add_argument('--device', type=device_arg); s.add_argument('--quick', action='store_true', help='tiny sizes (seconds)')
+    _threads_opt(s)
+    s.add_argument('--quiet', action='store_true', help='no hint when the machine is busy')
     s.add_argument('--model', default='pe_vit_small_patch16_224', help='bench train: the model')
     s.add_argument('--compile', action='store_true', help='bench train: torch.compile')
     s.add_argument('--out', help='bench gpu: output folder (default ./gpu_check)')
@@ -303,11 +372,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume", file=sys.stderr); return 130
     except Exception as e:
-        disk = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+        disk = _disk_error(e)
         if a.debug or not (isinstance(e, _user_errors()) or disk): raise
-        msg = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
-        if disk: msg = f"{e.strerror}: {e.filename or ''} (free some space or choose another --out)"
-        print(f"pe_anchors {a.command}: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
+        msg = disk or _reason(e)
+        print(f"pe_anchors {a.command}: error: {msg}", file=sys.stderr)
         return 2
+
+def _reason(e: Exception) -> str:
+    "The first line of an error's message, without fastai's 'Exception occured in `X` when calling event `Y`:' wrapper."
+    msg = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+    while msg.startswith('Exception occured in `') and '\n' in msg: msg = msg.split('\n', 1)[1].strip()
+    return (msg.splitlines() or [type(e).__name__])[0]
+
+def _disk_error(e: BaseException) -> str | None:
+    "A one-line message when `e` (or what it wraps) is a full, over-quota or read-only disk; else None."
+    for x in (e, e.__cause__, e.__context__):
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
+            return f"{x.strerror or os.strerror(x.errno)}: {x.filename or '?'} (free some space or choose another --out)"
+    return None
 
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())   # python -m pe_anchors.cli (not in a notebook)

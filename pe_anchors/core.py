@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #0735d258
 from __future__ import annotations
-import json, math, os, platform, sys, tempfile
+import json, math, os, platform, re, shutil, sys, tempfile, time
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -13,10 +13,11 @@ import torch
 from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS', 'grid_hw',
-           'grid_coords', 'check_choice', 'check_finite', 'image_rng', 'condition_spec', 'condition_label',
-           'condition_order', 'show_progress', 'pbar', 'hardware_info', 'default_device', 'dist_info', 'sync',
-           'check_alpha', 'unwrap_model', 'write_atomic', 'current_umask', 'read_json', 'RunLock']
+__all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS', 'LEFTOVERS',
+           'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'image_rng', 'condition_spec', 'condition_label',
+           'condition_order', 'show_progress', 'pbar', 'hardware_info', 'usable_cores', 'cpu_snapshot', 'busy_cores',
+           'auto_threads', 'set_threads', 'default_device', 'dist_info', 'sync', 'check_alpha', 'unwrap_model',
+           'write_atomic', 'current_umask', 'read_json', 'RunLock', 'remove_leftovers']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -27,7 +28,7 @@ def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
         raise ValueError(f"grid_size must be a positive int or a pair of positive ints (H, W), got {grid_size!r}")
     return h, w
 
-def grid_coords(grid_size: int | Sequence[int], # `H` or `(H, W)`
+def grid_coords(grid_size: int | Sequence[int], # H or (H, W)
                 device=None,
                 dtype: torch.dtype = torch.long,
                ) -> torch.Tensor: # (H*W, 2) columns = (row, col), row-major token order
@@ -108,6 +109,56 @@ def hardware_info(device: torch.device | str | None = None) -> str:
     else: what = f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
     return f"{what}; Python {platform.python_version()}, torch {torch.__version__}"
 
+# %% ../nbs/00_core.ipynb #1b5d73c3
+def _cpus() -> list[int]:
+    "The CPUs this process may run on."
+    try: return sorted(os.sched_getaffinity(0))
+    except AttributeError: return list(range(os.cpu_count() or 1))
+
+def usable_cores() -> int:
+    "How many CPUs this process may run on (its affinity mask; `os.cpu_count()` where there is none)."
+    return len(_cpus())
+
+_TORCH_THREADS = torch.get_num_threads()        # torch's own choice at start (physical cores, or OMP_NUM_THREADS)
+
+def cpu_snapshot() -> tuple[int, int, int, int] | None:
+    "Tick counters (all, busy, this process's) over the CPUs this process may use, and their count; None without /proc."
+    try:
+        with open('/proc/stat') as f: lines = f.read().splitlines()
+        with open('/proc/self/stat') as f: own = f.read().rsplit(')', 1)[1].split()
+        mine, total, busy = {f'cpu{i}' for i in _cpus()}, 0, 0
+        for line in lines:
+            p = line.split()
+            if p and p[0] in mine:
+                v = [int(x) for x in p[1:9]]                        # user nice system idle iowait irq softirq steal
+                total += sum(v); busy += sum(v) - v[3] - v[4]
+        return total, busy, int(own[11]) + int(own[12]), len(mine)  # own: utime + stime
+    except (OSError, ValueError, IndexError): return None
+
+def busy_cores(since: tuple | None = None, window: float = 0.2) -> float:
+    "Cores used by other processes since the snapshot `since` (else over the next `window` s); the load average without /proc."
+    a = since or cpu_snapshot()
+    if a is None:
+        try: return max(0., os.getloadavg()[0])
+        except (OSError, AttributeError): return 0.
+    if since is None: time.sleep(window)
+    b = cpu_snapshot()
+    ticks = b[0] - a[0] if b else 0
+    if ticks <= 0: return 0.
+    return max(0., min(float(a[3]), (b[1] - a[1] - (b[2] - a[2])) * a[3] / ticks))
+
+def auto_threads(busy: float | None = None) -> int:
+    "torch threads that leave the cores other processes use alone: usable cores − round(busy), at least 1, at most torch's default."
+    busy = busy_cores() if busy is None else busy
+    return max(1, min(_TORCH_THREADS, usable_cores() - int(round(busy))))
+
+def set_threads(n: int) -> int:
+    "Set torch's intra-op threads to `n` (>= 1); returns it."
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1: raise ValueError(f"threads must be an int >= 1, got {n!r}")
+    torch.set_num_threads(n)
+    return n
+
+
 # %% ../nbs/00_core.ipynb #1fe0ef6f
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 N_PERMS = 8                         # RPI permutation draws averaged per measurement, unless told otherwise
@@ -167,9 +218,10 @@ def read_json(path: str | Path) -> dict:
         raise ValueError(f"{path} is damaged ({e.msg} at line {e.lineno}); delete it to recompute it") from None
 
 class RunLock:
-    "Exclusive, non-blocking lock on a directory (re-entrant within a process); `.acquired` says whether it is held."
+    "Non-blocking lock on a directory, exclusive or `shared` (re-entrant within a process); `.acquired` says whether it is held."
     _held: dict = {}                                   # lock file -> [fd, count] held by this process
-    def __init__(self, directory: str | Path): self.path, self.acquired = Path(directory) / '.lock', False
+    def __init__(self, directory: str | Path, shared: bool = False):
+        self.path, self.shared, self.acquired = Path(directory) / '.lock', shared, False
     def __enter__(self) -> 'RunLock':
         self.path.parent.mkdir(parents=True, exist_ok=True)
         key = str(self.path.resolve())
@@ -177,11 +229,13 @@ class RunLock:
         try:
             import fcntl
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try: fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             except BlockingIOError: os.close(fd); return self
-        except ImportError:                                                     # no fcntl (Windows)
-            try: fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR)
-            except FileExistsError: return self
+        except ImportError:                                                     # no fcntl (Windows): shared is free
+            if self.shared: fd = None
+            else:
+                try: fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+                except FileExistsError: return self
         RunLock._held[key], self.acquired = [fd, 1], True
         return self
     def __exit__(self, *exc):
@@ -193,6 +247,21 @@ class RunLock:
         held[1] -= 1
         if held[1] > 0: return
         del RunLock._held[key]
+        if held[0] is None: return
         try:
             import fcntl; fcntl.flock(held[0], fcntl.LOCK_UN); os.close(held[0])
         except ImportError: os.close(held[0]); self.path.unlink(missing_ok=True)
+
+# the names `write_atomic` / `save_checkpoint` (mkstemp) and checkpoints (mkdtemp) give their temporary files and folders
+LEFTOVERS = re.compile(r'^\..+\.[a-z0-9_]{8}\.tmp$|^\.tmp_epoch_\d{3}_[a-z0-9_]{8}$')
+
+def remove_leftovers(directory: str | Path) -> list[Path]:
+    "Delete the temporary files and folders that killed writers left in `directory` (call it holding its lock)."
+    d, gone = Path(directory), []
+    if not d.is_dir(): return gone
+    for p in sorted(p for p in d.iterdir() if LEFTOVERS.match(p.name)):
+        try: shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        except FileNotFoundError: continue
+        gone.append(p)
+    return gone
+

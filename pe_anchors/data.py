@@ -92,13 +92,13 @@ class BatchAug:
                  size: int,                         # output side S
                  mean: Sequence[float],             # per-channel mean (0..1 scale)
                  std: Sequence[float],
-                 aug: str = 'none',                 # one of `AUGS`
-                 pad: int = 4,                      # max shift of `'crop'` / `'crop_flip'`
+                 aug: str = 'none',                 # one of AUGS
+                 pad: int = 4,                      # max shift of 'crop' / 'crop_flip'
                  scale: tuple = (0.08, 1.0),        # area range of the random-resized-crop
                  ratio: tuple = (3 / 4, 4 / 3),
                  crop_done: bool = False,           # the loader already did the resized crop (file datasets)
-                 mixup: dict | None = None,         # kwargs of `timm.data.Mixup` (needs `num_classes`), or None
-                 randaugment: bool | None = None,   # default: True for `'deit'`
+                 mixup: dict | None = None,         # kwargs of timm.data.Mixup (needs num_classes), or None
+                 randaugment: bool | None = None,   # default: True for 'deit'
                  normalize: bool = True,            # False: return uint8 (after the uint8-exact augmentations)
                  channels_last: bool = False,
                 ):
@@ -152,16 +152,20 @@ class BatchAug:
 log = logging.getLogger('pe_anchors.data')
 
 def decode_file(path: str | Path, size: int | None = None) -> torch.Tensor: # (3, size, size) uint8
-    "Decode an image file to RGB uint8 `(3, H, W)` (torchvision), squashed to `size x size` when given."
+    "Decode an image file to RGB uint8 `(3, H, W)` (16-bit images scaled to 8 bits), squashed to `size x size` when given."
     from torchvision.io import decode_image, ImageReadMode
     from torchvision.transforms.v2.functional import resize
-    x = decode_image(str(path), mode=ImageReadMode.RGB)
+    try: x = decode_image(str(path), mode=ImageReadMode.RGB)
+    except Exception as e:
+        raise ValueError(f"cannot decode image {path}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+    if x.dtype == torch.uint16: x = (x.float() / 257).round().to(torch.uint8)     # 16-bit PNG: 0..65535 -> 0..255
+    elif x.dtype != torch.uint8: raise ValueError(f"image {path} decodes to {x.dtype}; convert it to 8-bit RGB")
     return resize(x, [size, size], antialias=True) if size is not None and tuple(x.shape[-2:]) != (size, size) else x
 
 @dataclass
 class ImageSplit:
     "One split: `labels` with either decoded `images` in memory or `files` decoded on the fly."
-    labels: torch.Tensor                 # (N,) long, indices into `ImageData.classes`
+    labels: torch.Tensor                 # (N,) long, indices into ImageData.classes
     images: torch.Tensor | None = None   # (N, 3, S, S) uint8
     files: list | None = None            # N image paths
     def __post_init__(self):
@@ -223,6 +227,10 @@ def _dist() -> tuple[int, int]: return dist_info()
 # %% ../nbs/03_data.ipynb #d7c1764b
 class ImageDL(DataLoader):
     "fastai `DataLoader` over an `ImageSplit`: one gather per batch for in-memory data, rank-sharded when distributed."
+    def __init__(self, dataset=None,          # the view of an ImageSplit the loader draws from
+                 bs: int = 64, shuffle: bool = False, drop_last: bool = False, device=None, num_workers: int = 0,
+                 **kwargs):                   # fastai DataLoader's other arguments (after_batch, pin_memory, ...)
+        super().__init__(dataset, bs=bs, shuffle=shuffle, drop_last=drop_last, device=device, num_workers=num_workers, **kwargs)
     @property
     def vocab(self) -> CategoryMap: return CategoryMap(self.dataset.vocab, sort=False)   # class names, fastai's `dls.vocab`
 
@@ -293,6 +301,10 @@ def _as_uint8(item, size: int) -> torch.Tensor: # (3, size, size) uint8
 class ImageLoaders(DataLoaders):
     "fastai `DataLoaders` of `ImageDL`s, with `test_dl` for new images (what `Learner.predict` and `load_learner` use)."
     n_inp = 1
+    def __init__(self, *loaders,              # the ImageDL loaders: train, then valid
+                 path: str | Path = '.',      # where fastai's export writes
+                 device=None):                # the device the batches go to
+        super().__init__(*loaders, path=path, device=device)
     def test_dl(self, test_items, rm_type_tfms=None, with_labels: bool = False, bs: int | None = None, **kwargs) -> ImageDL:
         "A loader over new images (uint8 tensors, PIL images or file paths), evaluated like the validation split."
         v, test_items = self.valid, list(test_items)
@@ -315,6 +327,12 @@ class ImageData:
     valid: ImageSplit
     default_aug: str = 'crop_flip'
     spec: dict = field(default_factory=dict)   # JSON-able description of how it was built (run configs)
+
+    def __post_init__(self):
+        for name, s in (('train', self.train), ('valid', self.valid)):
+            bad = s.labels[(s.labels < 0) | (s.labels >= self.c)] if len(s.labels) else s.labels
+            if len(bad): raise ValueError(f"{name} labels of {self.name} hold {int(bad[0])}, outside 0..{self.c - 1} "
+                                          f"({self.c} classes): {len(bad)} label(s) do not name a class")
 
     @property
     def c(self) -> int: return len(self.classes)
@@ -343,13 +361,13 @@ class ImageData:
     def dls(self,
             bs: int = 128,                 # batch size per process
             device=None,                   # default: cuda if available, else cpu
-            aug: str | None = None,        # one of `AUGS` (default: `self.default_aug`)
+            aug: str | None = None,        # one of AUGS (default: self.default_aug)
             valid_bs: int | None = None,   # default: 2 * bs
             num_workers: int | None = None,# loader workers for file datasets (default min(8, cpus); 0 in memory)
             pad: int | None = None,        # max shift of 'crop' / 'crop_flip' (default: S // 8)
             scale: tuple = (0.08, 1.0),    # random-resized-crop area range
             ratio: tuple = (3 / 4, 4 / 3),
-            mixup: dict | None = None,     # timm `Mixup` kwargs; 'deit' defaults to mixup .8, cutmix 1., smoothing .1
+            mixup: dict | None = None,     # timm Mixup kwargs; 'deit' defaults to mixup .8, cutmix 1., smoothing .1
             channels_last: bool = False,
            ) -> DataLoaders:
         "fastai `DataLoaders` of normalised float batches; augmentation runs on `device`, in batch."
@@ -393,10 +411,17 @@ def _scan(split_dir: Path, classes: Sequence[str]) -> tuple[list, list]:
     files, labels = [], []
     for i, c in enumerate(classes):
         d = split_dir / c
-        if not d.is_dir(): continue
+        if not d.is_dir(): raise ValueError(f"class {c!r} has no folder in {split_dir}: every class needs images in both splits")
         fs = sorted(e.path for e in os.scandir(d) if e.is_file() and e.name.lower().endswith(IMG_EXTS))
+        if not fs: raise ValueError(f"{split_dir}: class {c!r} has no image file ({'|'.join(IMG_EXTS)}) in {d}; "
+                                    "add its images or remove the class")
         files += fs; labels += [i] * len(fs)
     return files, labels
+
+def _every_class(labels, classes: Sequence[str], what: str):
+    "Refuse a split in which some class kept no image (all of its files unreadable)."
+    n = torch.bincount(torch.as_tensor(labels, dtype=torch.long), minlength=len(classes))
+    if (n == 0).any(): raise ValueError(f"{what}: no readable image of class {classes[int((n == 0).nonzero()[0])]!r}")
 
 def _readable_header(path) -> bool:
     from PIL import Image
@@ -438,6 +463,7 @@ def _splits(root: Path, classes, size: int, check: str, in_memory: bool, name: s
         else:
             files, labels = _check_files(files, labels, check, f'{name} {split_name}')
             out.append(ImageSplit(torch.tensor(labels, dtype=torch.long), files=files))
+        _every_class(out[-1].labels, classes, f'{name} {split_name}')
     return out
 
 def image_folder(path: str | Path,                  # folder with train/ and val|valid|test/ class folders
@@ -472,7 +498,7 @@ def image_folder(path: str | Path,                  # folder with train/ and val
 # %% ../nbs/03_data.ipynb #f1fdd00f
 def imagenet100(path: str | Path,                   # an ImageNet-1k or ImageNet-100 folder (train/, val/)
                 img_size: int = 224,
-                check: str = 'header',            # 'header', 'full' or 'none' (see `image_folder`)
+                check: str = 'header',            # 'header', 'full' or 'none' (see image_folder)
                 in_memory: bool = False,
                ) -> ImageData:
     "ImageNet-100 (CMC classes, `IMAGENET100_WNIDS`) from an ImageNet-1k or an extracted ImageNet-100 folder."
@@ -497,7 +523,7 @@ def _npz_split(d, split: str) -> ImageSplit:
     return ImageSplit(torch.from_numpy(d[f'{split}_labels'].astype(np.int64)), images=torch.stack(imgs))
 
 def cifar10(path: str | Path | None = None,    # a folder (train/, val|test/) or a packed .npz; default: $PE_ANCHORS_CIFAR10
-            download: bool = False,            # with no `path`: fetch fastai's URLs.CIFAR (network)
+            download: bool = False,            # with no path: fetch fastai's URLs.CIFAR (network)
             img_size: int = 32,
            ) -> ImageData:
     "CIFAR-10 in memory from a class folder or a packed npz; downloads only when `download=True`."

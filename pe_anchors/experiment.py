@@ -4,8 +4,8 @@
 
 # %% ../nbs/09_experiment.ipynb #f0a5f4b2
 from __future__ import annotations
-import hashlib, json, os, shutil, time
-from dataclasses import dataclass, field, asdict, fields
+import contextlib, hashlib, json, os, shutil, time
+from dataclasses import MISSING, dataclass, field, asdict, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -14,34 +14,35 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .core import (CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, default_device, check_choice, condition_spec, hardware_info, read_json, unwrap_model,
+from .core import (CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, auto_threads, default_device, check_choice,
+                             condition_spec, hardware_info, pbar, read_json, remove_leftovers, set_threads, unwrap_model,
                              show_progress, write_atomic)
 from .paper import PAPER_ALPHAS
 from .results import fragility, gather, read_results, result_row, write_results
 from .data import ImageData, get_data, stratified_sample
 from .vit import load_checkpoint
-from .learner import DEFAULT_MODELS, config_diff, get_recipe, make_callbacks, pe_learner, train
+from .learner import CALLBACKS, DEFAULT_MODELS, config_diff, get_recipe, make_callbacks, pe_learner, train
 from .interventions import SSDC_MODES, alpha_sweep, pe_table_ssdc, ssdc_trajectories
 from .robustness import (SHIFT_KINDS, TensorBatches, evaluate_accuracy, evaluate_shifts, make_shift,
                                    shifted_set)
 
 # %% auto #0
 __all__ = ['PRESETS', 'RESTART_FILES', 'Experiment', 'preset', 'EvalData', 'evaluate_model', 'check_experiment', 'check_run',
-           'resolve_shard', 'run_dir_of', 'run_one', 'run_experiment', 'load_run_model']
+           'resolve_shard', 'run_dir_of', 'run_one', 'run_experiment', 'load_trained', 'load_run_model']
 
 # %% ../nbs/09_experiment.ipynb #f2551c4f
 @dataclass
 class Experiment:
     "A declarative experiment: `conditions` × `seeds` trained on `data` with `recipe`, then the paper's measurements."
     name: str = 'experiment'
-    data: str = 'digits'                    # a dataset name or path (`data.get_data`)
+    data: str = 'digits'                    # a dataset name or path (data.get_data)
     data_kwargs: dict = field(default_factory=dict)     # builder arguments, e.g. {'path': '/data/cifar10.npz'}
-    model: str | None = None                # timm name (default: from the image size, `learner.DEFAULT_MODELS`)
+    model: str | None = None                # timm name (default: from the image size, learner.DEFAULT_MODELS)
     model_kwargs: dict = field(default_factory=dict)
     conditions: list = field(default_factory=lambda: list(PAPER_CONDITIONS))
     seeds: list = field(default_factory=lambda: [0])
-    recipe: str = 'fast'                    # `learner.RECIPES` name
-    train_kwargs: dict = field(default_factory=dict)    # `Recipe` fields: epochs, bs, lr, ...
+    recipe: str = 'fast'                    # learner.RECIPES name
+    train_kwargs: dict = field(default_factory=dict)    # Recipe fields: epochs, bs, lr, ...
     ssdc_images: int = 1000                 # images the SSDC is averaged over (the paper does not say; its code used <= 1000)
     sample_seed: int = 0                    # seed of the class-stratified SSDC sample (the same for every run)
     n_perms: int = N_PERMS                  # RPI permutation draws averaged per measurement
@@ -52,7 +53,7 @@ class Experiment:
     severities: bool = False                # also ImageNet-C severities 1..5 of JPEG and blur (curves)
     shift_ref_size: int = 224               # image side at which the blur σ/kernel are defined; scaled by img_size/this
     eval_bs: int = 256
-    callbacks: list = field(default_factory=list)       # extra fastai callbacks by name (`learner.CALLBACKS`), e.g. ['wandb']
+    callbacks: list = field(default_factory=list)       # extra fastai callbacks by registered name (learner.CALLBACKS), e.g. ['wandb']
 
     def __post_init__(self): self.validate()
 
@@ -66,13 +67,26 @@ class Experiment:
         if self.ssdc_images < 2 or self.n_perms < 1 or self.eval_bs < 1 or self.shift_ref_size < 1:
             raise ValueError("ssdc_images must be >= 2; n_perms, eval_bs and shift_ref_size >= 1")
         if any(not np.isfinite(a) or a < 0 for a in self.alphas): raise ValueError(f"alphas must be >= 0, got {self.alphas}")
+        if not isinstance(self.callbacks, list) or not all(isinstance(c, str) for c in self.callbacks):
+            raise ValueError(f"callbacks must be a list of names, got {self.callbacks!r}")
+        for c in self.callbacks:                                 # a file from someone else never names code to import
+            if c not in CALLBACKS: raise ValueError(f"callback {c!r} is not a registered callback ({', '.join(CALLBACKS)}): an "
+                                                    "experiment file names registered callbacks only; give module:Class on "
+                                                    "the command line instead (--cbs)")
         return self
 
     def runs(self) -> list[tuple[str, int]]:
         "The (condition, seed) pairs, seeds outermost (a partial sweep then covers every condition early)."
         return [(c, s) for s in self.seeds for c in self.conditions]
 
-    def to_dict(self) -> dict: return json.loads(json.dumps(asdict(self)))
+    def to_dict(self) -> dict:
+        "The experiment as JSON-able data (what `experiment.json` holds)."
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def defaults(cls) -> dict:
+        "Every field's default, as JSON-able data: what an `experiment.json` written before a field existed meant by it."
+        return json.loads(json.dumps({f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(cls)}))
 
     def save(self, path: str | Path) -> Path:
         "Write the experiment as JSON or YAML (by suffix)."
@@ -91,7 +105,12 @@ class Experiment:
         if not path.exists(): raise FileNotFoundError(f"no experiment file at {path} (or a preset: {', '.join(PRESETS)})")
         if path.suffix in ('.yaml', '.yml'):
             import yaml; d = yaml.safe_load(path.read_text())
-        else: d = json.loads(path.read_text())
+        else:
+            try: d = json.loads(path.read_text()) if path.read_text().strip() else None
+            except json.JSONDecodeError as e: raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        if d is None: raise ValueError(f"{path} is empty: an experiment file holds a mapping of fields (name: value)")
+        if not isinstance(d, dict):
+            raise ValueError(f"{path} must hold a mapping of fields (name: value), got a {type(d).__name__}: {str(d)[:40]!r}")
         bad = set(d) - {f.name for f in fields(cls)}
         if bad: raise ValueError(f"{path}: unknown field(s) {sorted(bad)}; valid: {', '.join(f.name for f in fields(cls))}")
         return cls(**{**d, **overrides})
@@ -179,6 +198,10 @@ def evaluate_model(model: nn.Module,
                   ) -> pd.DataFrame:
     "Every measurement of `exp` on one model, as results rows (see above)."
     check_choice('stage', stage, ('trained', 'untrained'))
+    k = getattr(unwrap_model(model), 'num_classes', None)
+    if isinstance(k, int) and k != ev.data.c:
+        raise ValueError(f"the model has {k} classes but {ev.data.name} has {ev.data.c} classes: evaluate it on the data it "
+                         "was trained on (or a dataset with the same classes)")
     meta = dict(experiment=exp.name, dataset=ev.data.name, condition=condition, seed=seed, stage=stage)
     model = unwrap_model(model).eval().to(ev.device)
     frames = [ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
@@ -199,8 +222,13 @@ def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show) -> pd.Da
     "The α sweep: ΔSSDC under RPI plus clean/JPEG accuracy at each α, and the JPEG fragility derived from them."
     jpeg = ev.shifted(make_shift('jpeg', 'paper'))
     acc = lambda batches: (lambda m: evaluate_accuracy(m, batches, ev.data.normalize, show=False))
-    sweep = alpha_sweep(model, ev.ssdc_batches, exp.alphas, metrics={'acc_clean': acc(ev.clean), 'acc_jpeg': acc(jpeg)},
-                        mode=exp.rpi_mode, n_perms=exp.n_perms, perm_seed=1000 * meta['seed'], show_progress=show, **meta)
+    frames = []
+    for a in pbar(exp.alphas, total=len(exp.alphas), show=show, comment='alpha'):     # one α at a time: a failure names it
+        try: frames.append(alpha_sweep(model, ev.ssdc_batches, [a], metrics={'acc_clean': acc(ev.clean), 'acc_jpeg': acc(jpeg)},
+                                       mode=exp.rpi_mode, n_perms=exp.n_perms, perm_seed=1000 * meta['seed'],
+                                       show_progress=False, **meta))
+        except ValueError as e: raise ValueError(f"α = {a:g}: {e}") from None
+    sweep = pd.concat(frames, ignore_index=True)
     delta = sweep[sweep['metric'] == 'delta_ssdc']
     rows = []
     for a in exp.alphas:
@@ -251,11 +279,18 @@ def resolve_shard(shard: str | Sequence[int] | None) -> tuple[int, int, int | No
     if isinstance(shard, str) and shard == 'auto':
         env = os.environ
         if 'WORLD_SIZE' in env and int(env['WORLD_SIZE']) > 1:                 # torchrun / accelerate launch
-            i, n, local = int(env['RANK']), int(env['WORLD_SIZE']), int(env.get('LOCAL_RANK', 0))
+            i, n, local = int(env.get('RANK', -1)), int(env['WORLD_SIZE']), int(env.get('LOCAL_RANK', 0))
+            if not 0 <= i < n: raise ValueError(f"RANK={env.get('RANK')} is not in 0..{n - 1} (WORLD_SIZE={n})")
             for k in ('WORLD_SIZE', 'RANK', 'LOCAL_RANK'): env[k] = '1' if k == 'WORLD_SIZE' else '0'  # no DDP per run
             return i, n, local
-        if 'SLURM_ARRAY_TASK_ID' in env:
-            return int(env['SLURM_ARRAY_TASK_ID']), int(env.get('SLURM_ARRAY_TASK_COUNT', 1)), None
+        if 'SLURM_ARRAY_TASK_ID' in env:                                        # --array=MIN-MAX[:STEP], numbered from MIN
+            task, first = int(env['SLURM_ARRAY_TASK_ID']), int(env.get('SLURM_ARRAY_TASK_MIN', 0))
+            step, n = int(env.get('SLURM_ARRAY_TASK_STEP', 1)), int(env.get('SLURM_ARRAY_TASK_COUNT', 1))
+            i, off = divmod(task - first, step)
+            if off or not 0 <= i < n:
+                raise ValueError(f"SLURM_ARRAY_TASK_ID={task} is not a task of the array (min {first}, step {step}, count {n}): "
+                                 f"its index {i} must be in 0..{n - 1}; submit with --array=MIN-MAX[:STEP]")
+            return i, n, None
         return 0, 1, None
     if isinstance(shard, str):
         try: i, n = (int(v) for v in shard.split('/'))
@@ -270,7 +305,10 @@ def run_dir_of(out_dir: str | Path, condition: str, seed: int) -> Path:
 
 # %% ../nbs/09_experiment.ipynb #4c343b51
 def run_one(exp: Experiment, data: ImageData, ev: EvalData, condition: str, seed: int, run_dir: str | Path,
-            device=None, show: bool | None = None) -> pd.DataFrame | None:
+            device=None, show: bool | None = None,
+            extra_callbacks: Sequence[str] = (),     # 'module:Class' callbacks the user asked for (the command line's --cbs)
+            threads: int | str | None = None,        # torch threads while training (see learner.pe_learner)
+           ) -> pd.DataFrame | None:
     "Train (or resume) one run, evaluate it (and its initialisation), write its `results.csv`; skip if finished or busy."
     run_dir = Path(run_dir)
     done = run_dir / 'results.csv'
@@ -280,16 +318,19 @@ def run_one(exp: Experiment, data: ImageData, ev: EvalData, condition: str, seed
         if not lock.acquired:                          # another process (an unsharded twin sweep) is on this run
             print(f"{run_dir}: another process is running it; skipped here", flush=True); return None
         if done.exists(): return read_results(done)     # finished by the other process meanwhile
-        return _run_one(exp, data, ev, condition, seed, run_dir, done, device, show)
+        remove_leftovers(run_dir)                      # temporary files of a killed earlier attempt
+        if threads == 'auto': set_threads(auto_threads())          # the evaluation runs with the cores free now
+        return _run_one(exp, data, ev, condition, seed, run_dir, done, device, show, extra_callbacks, threads)
 
-def _run_one(exp, data, ev, condition, seed, run_dir: Path, done: Path, device, show) -> pd.DataFrame:
+def _run_one(exp, data, ev, condition, seed, run_dir: Path, done: Path, device, show, extra_callbacks, threads) -> pd.DataFrame:
     kw = dict(model=exp.model, model_kwargs=exp.model_kwargs, device=device, show_progress=show)
     t0 = time.perf_counter()
     frames = []
     if exp.untrained:
         init = pe_learner(data, condition, recipe=exp.recipe, seed=seed, **kw, **exp.train_kwargs).model
         frames.append(evaluate_model(init, ev, exp, condition, seed, 'untrained', show=False))
-    out = train(condition, data, exp.recipe, run_dir=run_dir / 'train', seed=seed, cbs=make_callbacks(exp.callbacks),
+    cbs = make_callbacks(exp.callbacks) + make_callbacks(extra_callbacks, allow_import=True)
+    out = train(condition, data, exp.recipe, run_dir=run_dir / 'train', seed=seed, cbs=cbs, threads=threads,
                 **kw, **exp.train_kwargs)
     t_train = time.perf_counter() - t0
     frames.append(evaluate_model(out['learn'].model, ev, exp, condition, seed, 'trained', show=show))
@@ -303,41 +344,77 @@ def _run_one(exp, data, ev, condition, seed, run_dir: Path, done: Path, device, 
 
 RESTART_FILES = ('runs', 'results.csv', 'results.csv.sha256', 'experiment.json', 'ssdc_sample.json', 'shifts.json', 'report')
 
+def _restart(out_dir: Path):
+    "Delete the earlier runs and results of `out_dir` (holding its exclusive lock): refused while any run is in progress."
+    links = [out_dir / n for n in RESTART_FILES if (out_dir / n).is_symlink()]
+    if links: raise ValueError(f"{links[0]} is a symbolic link: --restart deletes only inside {out_dir}; remove the link "
+                               "(and, if you mean it, the runs it points to) yourself, then restart")
+    with contextlib.ExitStack() as held:               # every run's lock, so that no run is deleted while it trains
+        for d in sorted({p.parent for p in (out_dir / 'runs').glob('*/.lock')} | {p.parent for p in (out_dir / 'runs').glob('*/train/.lock')}):
+            if not held.enter_context(RunLock(d)).acquired:
+                raise ValueError(f"another process is running {d.relative_to(out_dir)} of this experiment; wait for it "
+                                 "or stop it before --restart")
+        for name in RESTART_FILES:
+            p = out_dir / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+
+def _tidy(out_dir: Path):
+    "Delete what killed writers left in the experiment directory and in every run no process holds."
+    for d in (out_dir, out_dir / 'cache'): remove_leftovers(d)
+    for d in sorted(p for p in (out_dir / 'runs').glob('*') if p.is_dir() and not p.is_symlink()):
+        for sub in (d, d / 'train'):
+            with RunLock(sub) if sub.is_dir() else contextlib.nullcontext() as lock:
+                if lock is not None and lock.acquired:
+                    remove_leftovers(sub); remove_leftovers(sub / 'checkpoints')
+
+
 # %% ../nbs/09_experiment.ipynb #fb9b8397
 def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset name or a JSON/YAML file
                    out_dir: str | Path,
-                   shard: str | Sequence[int] | None = None,  # see `resolve_shard`
+                   shard: str | Sequence[int] | None = None,  # see resolve_shard
                    device=None,                      # default: cuda (cuda:LOCAL_RANK under torchrun) else cpu
                    show: bool | None = None,         # progress bars (default: when interactive)
-                   data: ImageData | None = None,    # a prebuilt dataset (else built from `exp.data`)
-                   verbose: bool | None = None,      # one line per finished run (default: as `show`)
+                   data: ImageData | None = None,    # a prebuilt dataset (else built from exp.data)
+                   verbose: bool | None = None,      # one line per finished run (default: as show)
                    restart: bool = False,            # delete this directory's earlier runs and results first
+                   extra_callbacks: Sequence[str] = (),   # 'module:Class' fastai callbacks for every run (the user's own)
+                   threads: int | str | None = None,      # torch threads: N, 'auto' (the cores left free), None: as set
                   ) -> pd.DataFrame:
     "Run (or continue) every unfinished run of `exp` in `out_dir`, then gather all finished runs into one table."
     if not isinstance(exp, Experiment): exp = Experiment.load(exp)
     check_experiment(exp)                            # everything that can be checked before anything is written
+    make_callbacks(extra_callbacks, allow_import=True)
     index, count, local = resolve_shard(shard)
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir(): raise NotADirectoryError(f"{out_dir} is a file, not an experiment directory")
+    if device is None and local is not None and torch.cuda.is_available(): device = f'cuda:{local}'
+    device = str(default_device(device))
+    if data is None: data = get_data(exp.data, **exp.data_kwargs)
+    check_experiment(exp, data)                      # the model for this data: still nothing written
+    with RunLock(out_dir) as lock:                   # no other sweep in the directory: restart, or tidy up
+        if restart and not lock.acquired:
+            raise ValueError(f"another sweep is running in {out_dir}; wait for it or stop it before --restart")
+        if restart: _restart(out_dir)
+        elif lock.acquired: _tidy(out_dir)
+    with RunLock(out_dir, shared=True) as lock:      # shared with the other shards, excluding a restart
+        if not lock.acquired: raise ValueError(f"{out_dir} is being restarted by another process; run again when it has started")
+        return _run_experiment(exp, out_dir, index, count, device, show, data, verbose, extra_callbacks, threads)
+
+def _run_experiment(exp, out_dir: Path, index, count, device, show, data, verbose, extra_callbacks, threads):
     cfg = out_dir / 'experiment.json'
-    if restart:
-        for name in RESTART_FILES:
-            p = out_dir / name
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
     stored = exp                                     # what experiment.json records: the protocol and every run asked for
     if cfg.exists():
-        old, new = read_json(cfg), exp.to_dict()
+        old, new = {**Experiment.defaults(), **read_json(cfg)}, exp.to_dict()   # fields added since: their defaults
+        unknown = sorted(set(old) - set(new))
+        if unknown: raise ValueError(f"{cfg} has field(s) {unknown} this version does not know; use another directory")
         diff = sorted(k for k in set(old) | set(new) if k not in ('conditions', 'seeds') and old.get(k) != new.get(k))
         if diff: raise ValueError(f"{out_dir} holds a different experiment (differs in {diff}); use another directory, "
                                   "or restart=True (--restart) to delete its results and start over")
         # the same protocol over other conditions or seeds adds runs to it (e.g. one condition now, the rest later)
         stored = Experiment(**{**old, 'conditions': list(dict.fromkeys(old['conditions'] + exp.conditions)),
                                'seeds': list(dict.fromkeys(old['seeds'] + exp.seeds))})
-    if device is None and local is not None and torch.cuda.is_available(): device = f'cuda:{local}'
-    device = str(default_device(device))
     show = show_progress(show)
     verbose = show if verbose is None else verbose
-    if data is None: data = get_data(exp.data, **exp.data_kwargs)
-    check_experiment(exp, data)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(cfg, json.dumps(stored.to_dict(), indent=2))
     ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device, cache_dir=out_dir / 'cache', sample_seed=exp.sample_seed)
@@ -347,7 +424,8 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
     mine = exp.runs()[index::count]
     for i, (cond, seed) in enumerate(mine):
         t = time.perf_counter()
-        df = run_one(exp, data, ev, cond, seed, run_dir_of(out_dir, cond, seed), device=device, show=show)
+        df = run_one(exp, data, ev, cond, seed, run_dir_of(out_dir, cond, seed), device=device, show=show,
+                     extra_callbacks=extra_callbacks, threads=threads)
         if verbose and df is not None:
             d = df[(df.metric == 'acc') & (df['shift'] == 'clean') & (df.stage == 'trained')]
             acc = d[d['sweep'].isna()]['value'] if 'sweep' in d else d['value']
@@ -356,13 +434,29 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
     for d in sorted((out_dir / 'runs').glob('*/results.csv')): check_run(exp, d.parent)
     return gather(out_dir)
 
+
 # %% ../nbs/09_experiment.ipynb #2f86062a
+def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module, dict]:
+    "A trained model from a `.safetensors` checkpoint or a run directory, and its run's config (`{}` without one)."
+    p = Path(path)
+    ck = p / 'model.safetensors' if p.is_dir() else p
+    if p.is_dir() and not ck.exists() and (p / 'train' / 'model.safetensors').exists(): ck = p / 'train' / 'model.safetensors'
+    if not ck.exists(): raise FileNotFoundError(f"no trained model at {ck} (a .safetensors file or a finished run directory)")
+    cfg = read_json(ck.parent / 'config.json') if (ck.parent / 'config.json').exists() else {}
+    try:
+        if cfg.get('model', 'pe_vit').startswith('pe_vit'): model = load_checkpoint(ck, map_location=map_location)
+        else:                                        # any other timm model (a CNN baseline) is rebuilt from the run's config
+            model = load_checkpoint(ck, map_location=map_location, model_name=cfg['model'], num_classes=cfg['num_classes'],
+                                    **cfg.get('model_kwargs', {}))
+    except (ValueError, FileNotFoundError): raise
+    except Exception as e:                           # e.g. a pickle renamed .safetensors
+        raise ValueError(f"{ck} is not a safetensors file ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}); "
+                         "a .pt/.pth pickle renamed .safetensors is not one") from None
+    return model.eval(), cfg
+
 def load_run_model(out_dir: str | Path, condition: str, seed: int = 0, map_location: str = 'cpu') -> nn.Module:
     "The trained model of run (condition, seed) of an experiment directory."
     p = run_dir_of(out_dir, condition, seed) / 'train' / 'model.safetensors'
     if not p.exists(): raise FileNotFoundError(f"run {condition}-s{seed} has no final model at {p} (not finished?)")
-    cfg = json.loads((p.parent / 'config.json').read_text()) if (p.parent / 'config.json').exists() else {}
-    if cfg.get('model', 'pe_vit').startswith('pe_vit'): return load_checkpoint(p, map_location=map_location).eval()
-    # any other timm model (a CNN baseline) is rebuilt from the run's own config
-    return load_checkpoint(p, map_location=map_location, model_name=cfg['model'], num_classes=cfg['num_classes'],
-                           **cfg.get('model_kwargs', {})).eval()
+    return load_trained(p, map_location)[0]
+

@@ -42,9 +42,9 @@ class SSDCRuns:
     "SSDC curves of one model measured `K` times: one per permutation draw under RPI (`K = 1` when unpermuted)."
     values: np.ndarray                      # (K, L) each draw's estimate: pooled SSDC, or mean per-image SSDC ('rpi_image')
     layers: list[int]                       # block index of each of the L columns
-    mode: str                               # a key of `SSDC_MODES`: 'normal', 'rpi' or 'rpi_image'
+    mode: str                               # a key of SSDC_MODES: 'normal', 'rpi' or 'rpi_image'
     n_images: int
-    perm_seed: int | None = None            # draw k used permutation seed `perm_seed + k`
+    perm_seed: int | None = None            # draw k used permutation seed perm_seed + k
     image_values: np.ndarray | None = None  # (K, L, n_images) per-image SSDC, when measured
 
     @property
@@ -93,14 +93,14 @@ def measure_ssdc(model: nn.Module,
                  n_perms: int = N_PERMS,                    # permutation draws K (ignored for 'normal')
                  perm_seed: int = 0,                  # draw k uses seed perm_seed + k
                  grid_size: int | Sequence[int] | None = None,
-                 metric: str = 'manhattan',           # grid distance, see `pe_anchors.ssdc.DISTANCES`
+                 metric: str = 'manhattan',           # grid distance, see pe_anchors.ssdc.DISTANCES
                  per_image: bool = False,             # also keep each image's SSDC (always on for 'rpi_image')
                  max_images: int | None = None,       # images per draw (None: the whole loader)
                  layers: Sequence[int] | None = None, # blocks to measure (default: all)
                  show_progress: bool | None = None,
-                 point: str = 'ln1',                  # `TokenRecorder` tap point; 'ln1' is the paper's
+                 point: str = 'ln1',                  # TokenRecorder tap point; 'ln1' is the paper's
                 ) -> SSDCRuns:
-    "SSDC of every block's LN1 input (or another tap `point`), unpermuted or under RPI over `n_perms` seeded draws."
+    "SSDC of every block's attention input (LN1 output; or another tap `point`), unpermuted or under RPI over `n_perms` seeded draws."
     perm_mode = SSDC_MODES[check_choice('SSDC mode', mode, SSDC_MODES)]
     if perm_mode is not None and n_perms < 1: raise ValueError(f"n_perms must be >= 1, got {n_perms}")
     k_draws = 1 if perm_mode is None else n_perms
@@ -126,7 +126,7 @@ def delta_ssdc(model: nn.Module,
                perm_seed: int = 0,
                hi: int = 1, lo: int = 0,             # ΔSSDC = SSDC[hi] - SSDC[lo]
                level: float = .95,
-               **kwargs,                             # passed to `measure_ssdc` (grid_size, metric, max_images, ...)
+               **kwargs,                             # passed to measure_ssdc (grid_size, metric, max_images, ...)
               ) -> dict[str, float]:
     "ΔSSDC (block `hi` minus block `lo`, under RPI by default): mean over draws, sd, ci_low/high, min, max, counts."
     runs = measure_ssdc(model, batches, mode, n_perms, perm_seed, layers=sorted({lo, hi}), **kwargs)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_learner.ipynb #ad78b366
 from __future__ import annotations
-import csv, io, json, math, os, random, shutil, tempfile, time, warnings
+import csv, errno, io, json, math, os, random, shutil, tempfile, time, warnings
 from dataclasses import dataclass, asdict, replace
 from functools import partial
 from pathlib import Path
@@ -26,8 +26,8 @@ from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop, patch
 
-from .core import (RunLock, check_choice, condition_spec, current_umask, dist_info, hardware_info, read_json, sync,
-                             unwrap_model, write_atomic,
+from .core import (RunLock, auto_threads, busy_cores, check_choice, condition_spec, cpu_snapshot, current_umask, dist_info,
+                             hardware_info, read_json, remove_leftovers, set_threads, sync, unwrap_model, write_atomic,
                              show_progress as _show_progress)
 from .vit import save_checkpoint
 from .data import ImageData, get_data
@@ -36,8 +36,8 @@ from .callback.permute import RPT
 # %% auto #0
 __all__ = ['RECIPES', 'PARAM_KINDS', 'DEFAULT_MODELS', 'CALLBACKS', 'Recipe', 'get_recipe', 'SoftTargetCE', 'wd_param_groups',
            'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff', 'checkpoints', 'last_checkpoint',
-           'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'make_callbacks', 'EpochLines', 'pe_learner',
-           'fit_recipe', 'train']
+           'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'make_callbacks', 'DivergenceWarning', 'AutoThreads',
+           'EpochLines', 'pe_learner', 'fit_recipe', 'train']
 
 # %% ../nbs/05_learner.ipynb #fa871433
 @dataclass
@@ -55,14 +55,14 @@ class Recipe:
     div: float = 25.                    # start lr = lr / div
     div_final: float = 1e4              # final lr = lr / div_final
     moms: tuple | None = (0.9, 0.9, 0.9)  # beta1 over the cycle (None: fastai's (0.95, 0.85, 0.95))
-    aug: str | None = None              # `pe_anchors.data.AUGS` (None: the dataset's default)
+    aug: str | None = None              # pe_anchors.data.AUGS (None: the dataset's default)
     mixup: dict | None = None           # timm Mixup kwargs (None: off, 'deit' aug turns it on)
     fused: bool | None = None           # fused AdamW (None: on CUDA)
     bf16: bool = False                  # bf16 autocast (CUDA only)
     channels_last: bool = False         # CUDA only
     compile: bool = False               # torch.compile the model (in place, state-dict keys unchanged)
-    pe_lr_mult: float = 1.              # learning rate of the position parameters (PE module) relative to `lr`
-    model_style: str = 'timm'           # pe_vit models: 'timm' or 'released' init and dropout sites (`vit.MODEL_STYLES`)
+    pe_lr_mult: float = 1.              # learning rate of the position parameters (PE module) relative to lr
+    model_style: str = 'timm'           # pe_vit models: 'timm' or 'released' init and dropout sites (vit.MODEL_STYLES)
 
 RECIPES = {
     'paper': Recipe(model_style='released'),
@@ -198,10 +198,35 @@ def last_checkpoint(run_dir: str | Path) -> Path | None:
 def _read_metrics(path: Path) -> list[dict]:
     "The rows of a run's metrics.csv; a torn row (missing fields) is an error naming the file."
     if not path.exists(): return []
-    rows = list(csv.DictReader(path.open()))
+    with path.open() as f: rows = list(csv.DictReader(f))
     for i, r in enumerate(rows):
         if None in r.values() or None in r: raise ValueError(f"{path} is torn at row {i + 1}; delete it and resume=False")
     return rows
+
+def _remove_run_leftovers(run_dir: Path):
+    "Temporary files and checkpoint folders of killed writers in a run directory (call it holding the run's lock)."
+    for d in (run_dir, run_dir / 'checkpoints'): remove_leftovers(d)
+
+def _misfit(weights: dict, model: nn.Module) -> str:
+    "How a checkpoint's weights fail to fit `model` ('' when they fit): missing or extra keys, other shapes."
+    want = {k: tuple(v.shape) for k, v in unwrap_model(model).state_dict().items()}
+    missing, extra = sorted(set(want) - set(weights)), sorted(set(weights) - set(want))
+    shapes = sorted(k for k in set(want) & set(weights) if tuple(weights[k].shape) != want[k])
+    return '; '.join(f"{what} key(s) {', '.join(ks[:3])}{' ...' if len(ks) > 3 else ''}"
+                     for what, ks in (('missing', missing), ('extra', extra), ('other shape of', shapes)) if ks)
+
+_DISK = {errno.ENOSPC: 'No space left on device', errno.EDQUOT: 'Disk quota exceeded', errno.EROFS: 'Read-only file system'}
+
+def _save_model(model: nn.Module, path: Path, where: Path, **kw):
+    "`save_checkpoint`, with a full or read-only disk raised as the `OSError` it is, naming `where` (safetensors wraps it)."
+    try: return save_checkpoint(model, path, **kw)
+    except OSError as e:
+        if e.errno in _DISK and not e.filename: raise OSError(e.errno, e.strerror, str(where)) from e
+        raise
+    except Exception as e:
+        code = next((c for c, words in _DISK.items() if words in str(e) or f'os error {c})' in str(e)), None)
+        if code is None: raise
+        raise OSError(code, _DISK[code], str(where)) from e
 
 def _write_metrics(path: Path, rows: list[dict]):
     buf = io.StringIO()
@@ -222,34 +247,39 @@ class RunRecorder(Callback):
         shutil.rmtree(self.run_dir / 'checkpoints', ignore_errors=True)
         for f in ('metrics.csv', 'final.json', 'model.safetensors'): (self.run_dir / f).unlink(missing_ok=True)
 
-    def prepare_resume(self) -> int:
-        "Check the saved config, find the newest checkpoint that reads back whole; returns the first epoch to train."
+    def prepare_resume(self, model: nn.Module | None = None) -> int:
+        "Check the saved config, find the newest checkpoint that reads back whole and fits `model`; returns the first epoch to train."
         cfg = self.run_dir / 'config.json'
         if cfg.exists():
             diff = config_diff(read_json(cfg), self.config)
             if diff: raise ValueError(f"{self.run_dir} holds a different run (differs in {diff}); "
                                       "use another run directory, or resume=False (--restart) to start over")
+        if self.run_dir.is_dir():
+            with RunLock(self.run_dir) as lock:                        # not while another process writes the run
+                if lock.acquired: _remove_run_leftovers(self.run_dir)
         from safetensors.torch import load_file
         for ck in reversed(checkpoints(self.run_dir)):               # newest first; a damaged one falls back
-            try: self._resume = (ck, load_file(str(ck / 'model.safetensors')), _load_state(ck / 'state.pt'))
+            try: weights, state = load_file(str(ck / 'model.safetensors')), _load_state(ck / 'state.pt')
             except Exception as e:
                 warnings.warn(f"checkpoint {ck} is unreadable ({type(e).__name__}: {str(e)[:80]}); trying an older one")
                 continue
-            self.start_epoch = int(ck.name.split('_')[1]) + 1
+            misfit = _misfit(weights, model) if model is not None else ''
+            if misfit:
+                warnings.warn(f"checkpoint {ck} does not fit the model ({misfit}); trying an older one"); continue
+            self._resume, self.start_epoch = (ck, weights, state), int(ck.name.split('_')[1]) + 1
             return self.start_epoch
         return 0
 
     def before_fit(self):
+        "Lock the run directory, write the config, keep the metrics of the finished epochs, restore the checkpoint."
         self.is_main = dist_info()[0] == 0
         if self.is_main:
             self._lock = RunLock(self.run_dir).__enter__()
             if not self._lock.acquired:
                 raise ValueError(f"{self.run_dir} is being trained by another process; wait for it or use another directory")
+            _remove_run_leftovers(self.run_dir)
             write_atomic(self.run_dir / 'config.json', json.dumps(self.config, indent=2))
-            p = self.run_dir / 'metrics.csv'
-            rows = _read_metrics(p)
-            keep = [r for r in rows if int(r['epoch']) < self.start_epoch]
-            if len(keep) != len(rows): _write_metrics(p, keep)
+            self._keep_metrics()
         if self._resume is not None:
             ck, weights, st = self._resume
             unwrap_model(self.learn.model).load_state_dict({k: v.to(self.dls.device) for k, v in weights.items()})
@@ -260,28 +290,49 @@ class RunRecorder(Callback):
             sl.val, sl.count = st['smooth_loss']
         self._old_logger, self.t_fit, self.train_time, self.train_imgs = None, time.perf_counter(), 0., 0
 
+    def _keep_metrics(self):
+        "metrics.csv: the rows of the epochs before `start_epoch`, restored from the checkpoint where they are missing."
+        p = self.run_dir / 'metrics.csv'
+        rows = _read_metrics(p)
+        keep = [r for r in rows if int(r['epoch']) < self.start_epoch]
+        lost = sorted(set(range(self.start_epoch)) - {int(r['epoch']) for r in keep})
+        if lost and self._resume is not None:
+            saved = [r for r in self._resume[2].get('metrics') or [] if int(r['epoch']) < self.start_epoch]
+            span = f"epochs {lost[0]}..{lost[-1]}" if len(lost) > 1 else f"epoch {lost[0]}"
+            if {int(r['epoch']) for r in saved} >= set(lost):
+                keep = saved; warnings.warn(f"{p} lacked the rows of {span}; restored them from {self._resume[0]}")
+            else: warnings.warn(f"{p} lacks the rows of {span} and the checkpoint does not hold them: that history is lost")
+        if keep != rows: _write_metrics(p, keep)
+
+
 # %% ../nbs/05_learner.ipynb #45d2a824
 @patch
 def before_epoch(self: RunRecorder):
+    "Start the epoch's clock (and silence the logger for epochs a resumed run skips)."
     if self.epoch < self.start_epoch:                           # skipped by fastai's SkipToEpoch: print nothing
         self._old_logger, self.learn.logger = self.learn.logger, noop
     self.t_epoch = time.perf_counter()
 
 @patch
-def before_train(self: RunRecorder): sync(self.dls.device); self.t_train, self.n_imgs = time.perf_counter(), 0
+def before_train(self: RunRecorder):
+    "Start the training clock (after the device has finished queued work)."
+    sync(self.dls.device); self.t_train, self.n_imgs = time.perf_counter(), 0
 
 @patch
 def after_batch(self: RunRecorder):
+    "Count the images trained on."
     if self.training: self.n_imgs += self.learn.xb[0].shape[0]
 
 @patch
 def after_train(self: RunRecorder):
+    "Stop the training clock: the epoch's images per second."
     sync(self.dls.device); dt = time.perf_counter() - self.t_train
     self.epoch_img_s = self.n_imgs / max(dt, 1e-9)
     self.train_time += dt; self.train_imgs += self.n_imgs
 
 @patch
 def after_epoch(self: RunRecorder):
+    "Append the epoch's metrics row (refusing non-finite losses or weights) and write its checkpoint."
     if self.epoch < self.start_epoch:
         self.learn.logger = self._old_logger; return
     if not self.is_main: return
@@ -306,19 +357,26 @@ def write_checkpoint(self: RunRecorder):
     final, tmp = d / f'epoch_{self.epoch:03d}', Path(tempfile.mkdtemp(dir=d, prefix=f'.tmp_epoch_{self.epoch:03d}_'))
     os.chmod(tmp, 0o777 & ~current_umask())                       # mkdtemp makes it private
     try:
-        save_checkpoint(unwrap_model(self.learn.model), tmp / 'model.safetensors', extra=dict(epoch=self.epoch))
+        _save_model(unwrap_model(self.learn.model), tmp / 'model.safetensors', final / 'model.safetensors',
+                    extra=dict(epoch=self.epoch))
         cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if isinstance(cb, RPT)}
         sl = self.learn.recorder.smooth_loss
-        with open(tmp / 'state.pt', 'wb') as f:
-            torch.save(_plain(dict(epoch=self.epoch, opt=self.learn.opt.state_dict(), rng=_rng_state(self.learn),
-                                   cbs=cbs, smooth_loss=(sl.val, sl.count))), f)
-            f.flush(); os.fsync(f.fileno())
+        try:
+            with open(tmp / 'state.pt', 'wb') as f:
+                torch.save(_plain(dict(epoch=self.epoch, opt=self.learn.opt.state_dict(), rng=_rng_state(self.learn),
+                                       cbs=cbs, smooth_loss=(sl.val, sl.count),
+                                       metrics=_read_metrics(self.run_dir / 'metrics.csv'))), f)   # the history so far
+                f.flush(); os.fsync(f.fileno())
+        except OSError as e:
+            if e.errno in _DISK and not e.filename: raise OSError(e.errno, e.strerror, str(final / 'state.pt')) from e
+            raise
         shutil.rmtree(final, ignore_errors=True); tmp.rename(final)
     finally: shutil.rmtree(tmp, ignore_errors=True)
     for old in checkpoints(self.run_dir)[:-self.keep]: shutil.rmtree(old)
 
 @patch
 def after_fit(self: RunRecorder):
+    "Write the final files when the last epoch is done, then release the run's lock."
     try:
         if self.is_main and self.epoch + 1 >= self.n_epoch: self.write_final()
         import torch.distributed as dist
@@ -331,7 +389,8 @@ def write_final(self: RunRecorder) -> dict:
     "Save the final weights and `final.json` (metrics of the last epoch, timing, hardware)."
     rows = _read_metrics(self.run_dir / 'metrics.csv')
     last = rows[-1] if rows else {}
-    save_checkpoint(unwrap_model(self.learn.model), self.run_dir / 'model.safetensors', extra=dict(epoch=self.n_epoch - 1))
+    _save_model(unwrap_model(self.learn.model), self.run_dir / 'model.safetensors', self.run_dir / 'model.safetensors',
+                extra=dict(epoch=self.n_epoch - 1))
     final = dict(epochs=self.n_epoch, accuracy=float(last.get('accuracy', 'nan')), valid_loss=float(last.get('valid_loss', 'nan')),
                  train_time_s=round(sum(float(r['time_s']) for r in rows), 2),
                  train_img_s=round(float(np.mean([float(r['train_img_s']) for r in rows])), 1) if rows else None,
@@ -355,6 +414,7 @@ def init_distributed() -> tuple[int, int, int]:
 class DDP(Callback):
     "Wrap the model in `DistributedDataParallel` for the fit (the loaders shard themselves)."
     order = 11
+    def __init__(self): pass                                       # no options (fastai's Callback takes every event name)
     def before_fit(self):
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return
@@ -379,20 +439,57 @@ CALLBACKS = {'csv': 'fastai.callback.progress:CSVLogger', 'tensorboard': 'fastai
              'wandb': 'fastai.callback.wandb:WandbCallback', 'save_model': 'fastai.callback.tracker:SaveModelCallback',
              'early_stopping': 'fastai.callback.tracker:EarlyStoppingCallback'}
 
-def make_callbacks(names: Sequence[str] | None) -> list[Callback]:
-    "fastai callbacks by name (`CALLBACKS`, e.g. 'wandb', 'tensorboard') or as 'module:Class', built without arguments."
+def make_callbacks(names: Sequence[str] | None,
+                   allow_import: bool = False,   # also 'module:Class' (the user's own command line, never a file)
+                  ) -> list[Callback]:
+    "fastai callbacks by registered name (CALLBACKS, e.g. 'wandb'), or 'module:Class' if `allow_import`; built without arguments."
     import importlib
     out = []
     for name in names or []:
-        target = CALLBACKS.get(name, name)
-        if ':' not in target:
-            raise ValueError(f"unknown callback {name!r}; use one of {', '.join(CALLBACKS)} or 'module:Class'")
+        if name in CALLBACKS: target = CALLBACKS[name]
+        elif ':' in name and allow_import: target = name
+        elif ':' in name:
+            raise ValueError(f"callback {name!r} is not a registered name ({', '.join(CALLBACKS)}): code is imported only when "
+                             "the command line asks for it (--cbs module:Class)")
+        else: raise ValueError(f"unknown callback {name!r}; use one of {', '.join(CALLBACKS)}, or module:Class with --cbs")
         mod, cls = target.split(':', 1)
-        try: out.append(getattr(importlib.import_module(mod), cls)())
+        try: obj = getattr(importlib.import_module(mod), cls)
         except ImportError as e: raise ValueError(f"callback {name!r} needs a package that is not installed ({e.name}); "
                                                   f"pip install {e.name}") from None
         except AttributeError: raise ValueError(f"{mod} has no callback {cls!r}") from None
+        if not (isinstance(obj, type) and issubclass(obj, Callback)):
+            raise ValueError(f"callback {name!r} is not a fastai Callback (a subclass of fastai.callback.core.Callback)")
+        out.append(obj())
     return out
+
+class DivergenceWarning(Callback):
+    "Warn once when a loss or a weight stops being finite (a run directory's `RunRecorder` stops the fit instead)."
+    order = 66                                                   # after fastai's Recorder has the epoch's losses
+    def __init__(self): self.warned = False
+    def after_epoch(self):
+        "Check the epoch's losses and the weights."
+        if self.warned or any(isinstance(cb, RunRecorder) for cb in self.learn.cbs): return
+        log = dict(zip(self.learn.recorder.metric_names[1:-1], self.learn.recorder.log[1:-1]))
+        bad = [k for k in ('train_loss', 'valid_loss') if k in log and not math.isfinite(float(log[k]))]
+        if bad or not all(torch.isfinite(p).all() for p in self.learn.model.parameters()):
+            self.warned = True
+            warnings.warn(f"training diverged at epoch {self.epoch} ({', '.join(bad) or 'weights'} not finite): the "
+                          "weights are not usable; lower the learning rate")
+
+class AutoThreads(Callback):
+    "On the CPU, before each epoch: torch threads = the cores other processes left free during the previous one."
+    order = 1
+    def __init__(self): self.snap = None
+    def before_epoch(self):
+        "Measure the load of the epoch just finished and set the threads for the next."
+        if self.dls.device.type != 'cpu': return
+        if self.snap is not None:
+            n = auto_threads(busy_cores(since=self.snap))
+            if n != torch.get_num_threads(): set_threads(n)
+        self.snap = cpu_snapshot()
+    def after_fit(self):
+        "Forget the last snapshot (a later `validate` is not an epoch of training)."
+        self.snap = None
 
 class EpochLines:
     "A fastai logger for batch jobs (no terminal): one line per epoch with the recorder's columns, flushed."
@@ -407,21 +504,22 @@ def _versions() -> dict:
     return dict(pe_anchors=pe_anchors.__version__, torch=torch.__version__, timm=timm.__version__, fastai=fastai.__version__)
 
 # %% ../nbs/05_learner.ipynb #04d7c155
-def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a name / path for `get_data`
-               condition: str = 'ape',                    # key of `CONDITIONS`: sets the PE and RPT
-               model: str | None = None,                  # timm name (default from the image size, `DEFAULT_MODELS`)
-               recipe: str | Recipe = 'fast',             # 'paper', 'fast' or a `Recipe`
+def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a name / path for get_data
+               condition: str = 'ape',                    # key of CONDITIONS: sets the PE and RPT
+               model: str | None = None,                  # timm name (default from the image size, DEFAULT_MODELS)
+               recipe: str | Recipe = 'fast',             # 'paper', 'fast' or a Recipe
                run_dir: str | Path | None = None,         # write config/metrics/checkpoints here (and resume from it)
                seed: int = 0,
                device=None,                               # default: cuda (cuda:LOCAL_RANK under torchrun) else cpu
                pe: str | None = None,                     # override the condition's PE
                rpt: bool | None = None,                   # override the condition's RPT flag
                rpt_mode: str = 'batch',                   # 'batch' (paper) or 'sample'
-               model_kwargs: dict | None = None,          # extra `timm.create_model` kwargs (e.g. depth=2)
+               model_kwargs: dict | None = None,          # extra timm.create_model kwargs (e.g. depth=2)
                show_progress: bool | None = None,         # progress bars; None: when interactive, else a line per epoch
-               resume: bool = True,                       # continue `run_dir` (False: delete its old results)
+               resume: bool = True,                       # continue run_dir (False: delete its old results)
                cbs: list | None = None,                   # extra fastai callbacks
-               **recipe_overrides,                        # any `Recipe` field, e.g. epochs=3, bs=64
+               threads: int | str | None = None,          # torch threads: N, 'auto' (the cores left free, each epoch), None: as set
+               **recipe_overrides,                        # any Recipe field, e.g. epochs=3, bs=64
               ) -> Learner:
     "A fastai `Learner` for `condition` on `data` with `recipe` (`learn.recipe`, `.config`, `.pe_run`; fit with `fit_recipe`)."
     r = get_recipe(recipe, **recipe_overrides)
@@ -458,7 +556,9 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
     topt = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}[check_choice('optimizer', r.opt, ('adamw', 'adam'))]
     kinds = list(param_groups(net))
     opt_func = partial(LayerGroupOptimWrapper, opt=partial(topt, betas=tuple(r.betas), eps=r.eps, fused=fused), kinds=kinds)
-    cb_list = [DDP()] + ([RPT(rpt_mode, seed=seed)] if rpt else []) + list(cbs or [])
+    cb_list = [DDP(), DivergenceWarning()] + ([RPT(rpt_mode, seed=seed)] if rpt else []) + list(cbs or [])
+    if threads == 'auto': cb_list.append(AutoThreads())
+    elif threads is not None: set_threads(threads)
     if r.bf16 and cuda: cb_list.append(MixedPrecision(amp_mode=AMPMode.BF16))
     if r.channels_last and cuda: cb_list.append(ChannelsLast())
     config = dict(condition=condition, pe=pe, rpt=rpt, rpt_mode=rpt_mode if rpt else None, model=model,
@@ -479,7 +579,7 @@ def pe_learner(data: ImageData | str = 'digits',         # an `ImageData`, or a 
     if r.compile: net.compile()
     learn.recipe, learn.config, learn.pe_run = r, config, run   # (fastai callbacks own `run`)
     if run is not None and not resume: run.clear()
-    learn.resume_epoch = run.prepare_resume() if (run is not None and resume) else 0
+    learn.resume_epoch = run.prepare_resume(net) if (run is not None and resume) else 0
     return learn
 
 # %% ../nbs/05_learner.ipynb #94dbcaa8
@@ -498,8 +598,15 @@ def fit_recipe(learn: Learner,
             warnings.warn(f"{e}; rebuilding it from the last checkpoint"); final.unlink()
     if final is not None and final.exists() and start >= n:         # finished before: load its final weights
         from safetensors.torch import load_file
-        unwrap_model(learn.model).load_state_dict(load_file(str(run.run_dir / 'model.safetensors')))
-    else:                     # (a fit that skips every epoch only restores the checkpoint and writes the final files)
+        weights = run.run_dir / 'model.safetensors'
+        try: unwrap_model(learn.model).load_state_dict(load_file(str(weights)))
+        except Exception as e:                                      # torn or foreign: rebuilt from the last checkpoint
+            ck = run._resume[0] if run._resume is not None else None
+            if ck is None: raise ValueError(f"{weights} does not load ({type(e).__name__}) and no checkpoint of the last "
+                                            "epoch is left to rebuild it; resume=False (--restart) trains the run again") from None
+            warnings.warn(f"{weights} does not load ({type(e).__name__}: {str(e)[:60]}); rebuilt from {ck}")
+            final.unlink()
+    if final is None or not final.exists() or start < n:                     # (a fit that skips every epoch only restores the checkpoint and writes the final files)
         mults = getattr(learn, 'lr_mults', None)
         lr = r.lr if mults is None or (mults == 1).all() else r.lr * mults   # one lr, or one per optimiser group
         learn.fit_one_cycle(n, lr, div=r.div, div_final=r.div_final, pct_start=r.pct_start, moms=r.moms,
@@ -514,7 +621,7 @@ def train(condition: str = 'ape',
           recipe: str | Recipe = 'fast',
           run_dir: str | Path | None = None,
           seed: int = 0,
-          **kwargs,                         # `pe_learner` arguments and `Recipe` fields (epochs=, bs=, lr=, ...)
+          **kwargs,                         # pe_learner arguments and Recipe fields (epochs=, bs=, lr=, ...)
          ) -> dict:
     "Train one condition end to end (build, fit, final metrics); resumes `run_dir` if it holds a partial run."
     learn = pe_learner(data, condition, recipe=recipe, run_dir=run_dir, seed=seed, **kwargs)

@@ -55,7 +55,7 @@ def plot_ssdc(df: pd.DataFrame,
     return ax
 
 # %% ../nbs/10_plots.ipynb #27b93f4e
-def plot_fragility(summary: pd.DataFrame,              # from `summarize_fragility` (or `paper_table5()`)
+def plot_fragility(summary: pd.DataFrame,              # from summarize_fragility (or paper_table5())
                    shifts: Sequence[str] | None = None, # shift names, one panel each (default: all paper shifts)
                    ax=None, title: str | None = None):
     "Paper-style point plot: mean FS ± 1 SD per condition (x axis), one panel per shift."

@@ -25,9 +25,6 @@ __all__ = ['seed_stats', 'fmt_mean_sd', 'synthetic_results', 'fig1', 'fig2', 'fi
            'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts', 'table_rpi', 'md_table', 'report_meta',
            'write_report']
 
-# %% ../nbs/10_report.ipynb #f43f2357
-#| export
-
 # %% ../nbs/10_report.ipynb #9a0a2a58
 def seed_stats(s: pd.Series) -> tuple[float, float, int]:
     "Mean, SD (ddof = 1; NaN for one seed) and count of the per-seed values in `s`."
@@ -55,7 +52,7 @@ def _sweep(df, condition, metric) -> pd.Series:
 
 # %% ../nbs/10_report.ipynb #dc757438
 def synthetic_results(seeds: Sequence[int] = (0, 1), depth: int = 12, seed: int = 0) -> pd.DataFrame:
-    "A results table shaped like a finished 5-condition experiment, with values following the paper's numbers + noise."
+    "Test data: a results table shaped like a finished 5-condition experiment, made-up values following the paper's + noise."
     rng = np.random.default_rng(seed)
     rows, noise = [], lambda s=.01: float(rng.normal(0, s))
     for sd in seeds:
@@ -160,14 +157,15 @@ def fig2(df: pd.DataFrame):
     fig.tight_layout(); return fig
 
 def fig3(df: pd.DataFrame):
-    "Fig. 3: fragility under blur and JPEG per condition, mean ± 1 SD over seeds (ours, then the paper's)."
+    "Fig. 3: fragility under blur and JPEG per condition, mean ± 1 SD over seeds (the experiment's, then the paper's)."
     import matplotlib.pyplot as plt
     ours = summarize_fragility(fragility_frame(df))
     shifts = ['blur/paper', 'jpeg/paper']
     fig, axs = plt.subplots(2, 2, figsize=(8, 6.4), squeeze=False)
     plot_fragility(ours, shifts, ax=axs[0])
     plot_fragility(paper_table5(), shifts, ax=axs[1])
-    for a, name in zip(axs[0], ('blur (ours)', 'JPEG (ours)')): a.set_title(name)
+    name = ', '.join(sorted(map(str, df['experiment'].unique()))) if 'experiment' in df else 'this experiment'
+    for a, kind in zip(axs[0], ('blur', 'JPEG')): a.set_title(f"{kind} ({name})")
     for a, name in zip(axs[1], ('blur (paper)', 'JPEG (paper)')): a.set_title(name)
     fig.tight_layout(); return fig
 
@@ -518,7 +516,7 @@ def report_meta(path: str | Path) -> dict:
 
 # %% ../nbs/10_report.ipynb #b129a9cd
 def write_report(results: str | Path | pd.DataFrame,   # an experiment directory, a results CSV, or a table
-                 dest: str | Path | None = None,       # default: `<experiment dir>/report`
+                 dest: str | Path | None = None,       # default: <experiment dir>/report
                  title: str | None = None,
                 ) -> Path:
     "Regenerate the paper's figures and tables from an experiment, with verdicts; returns the report's markdown path."

@@ -11,12 +11,12 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from .core import write_atomic
+from .core import read_json, write_atomic
 
 # %% auto #0
 __all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'SSDC_MODE_METRIC', 'result_row', 'result_frame', 'write_results', 'read_results',
-           'concat_results', 'gather', 'load_results', 'ssdc_metric', 'main_rows', 'alpha_rows', 'fragility',
-           'fragility_frame', 'summarize_fragility']
+           'concat_results', 'one_dataset', 'gather', 'load_results', 'check_runs', 'ssdc_metric', 'main_rows',
+           'alpha_rows', 'fragility', 'fragility_frame', 'summarize_fragility']
 
 # %% ../nbs/00_results.ipynb #4e4a890d
 RESULT_COLUMNS = ('experiment', 'dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity',
@@ -66,23 +66,50 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if not rows: raise ValueError(f"{path} is empty")
     bad = [i + 1 for i, r in enumerate(rows) if len(r) != len(rows[0])]
     if bad: raise ValueError(f"{path} is torn: line {bad[0]} has {len(rows[bad[0] - 1])} fields, the header {len(rows[0])}")
-    df = pd.read_csv(io.StringIO(raw.decode()), dtype={'shift': str, 'severity': str, 'mode': str, 'stage': str})
+    df = pd.read_csv(io.StringIO(raw.decode()), dtype={c: str for c in ('experiment', 'dataset', 'condition', 'shift', 'severity', 'mode', 'stage', 'metric')})
     for c in ('shift', 'severity', 'experiment', 'dataset'):
         if c in df: df[c] = df[c].fillna('')
+    return _check_types(df, path)
+
+_INT_COLUMNS, _FLOAT_COLUMNS = ('seed', 'layer'), ('alpha', 'value', 'ci_low', 'ci_high', 'sd', 'min', 'max', 'n_perms',
+                                                   'n_images', 'perm_seed')
+
+def _check_types(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    "Numbers where the table has numbers (integers in `seed` and `layer`), else an error naming file, line and column."
+    for c in _INT_COLUMNS + _FLOAT_COLUMNS:
+        if c not in df: continue
+        num = pd.to_numeric(df[c], errors='coerce')
+        bad = num.isna() & df[c].notna()
+        if c in _INT_COLUMNS: bad |= num.isna() | (num % 1 != 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise ValueError(f"{path}: column {c} holds {df[c].iloc[i]!r} at line {i + 2}; expected "
+                             f"{'an integer' if c in _INT_COLUMNS else 'a number'}")
+        df[c] = num.astype('int64') if c in _INT_COLUMNS else num.astype(float)
     return df
 
 # %% ../nbs/00_results.ipynb #9d308ee5
 def concat_results(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    "Concatenate per-run tables (keyed by a name for messages), refusing duplicate rows."
+    "Concatenate per-run tables (keyed by a name for messages), refusing duplicate rows and a mix of datasets."
     if not frames: raise ValueError("no results to combine")
     df = pd.concat(list(frames.values()), ignore_index=True)
+    one_dataset(df, 'the tables combined')
     keys = [c for c in KEY_COLUMNS if c in df]
     dup = df[keys].astype(str).duplicated(keep=False)
     if dup.any():
         first = df[dup].iloc[0]
-        owners = [n for n, f in frames.items() if ((f[keys].astype(str) == first[keys].astype(str)).all(axis=1)).any()]
+        key = tuple(map(str, first[keys]))
+        owners = [n for n, f in frames.items()                             # a table may lack a column (no α sweep)
+                  if any(tuple(map(str, r)) == key for r in f.reindex(columns=keys).itertuples(index=False))]
         raise ValueError(f"{int(dup.sum())} duplicate result rows (e.g. {first['condition']} seed {first['seed']} "
                          f"{first['metric']}), found in: {', '.join(owners)}; remove the copy")
+    return df
+
+def one_dataset(df: pd.DataFrame, what: str) -> pd.DataFrame:
+    "Refuse a table that mixes datasets (their numbers would be averaged together)."
+    names = sorted({str(d) for d in df['dataset'].unique() if str(d)}) if 'dataset' in df else []
+    if len(names) > 1: raise ValueError(f"{what} hold {len(names)} datasets ({', '.join(names)}); select one, "
+                                        f"e.g. df[df.dataset == {names[0]!r}]")
     return df
 
 def gather(out_dir: str | Path, write: bool = True) -> pd.DataFrame:
@@ -90,16 +117,81 @@ def gather(out_dir: str | Path, write: bool = True) -> pd.DataFrame:
     out_dir = Path(out_dir)
     files = sorted((out_dir / 'runs').glob('*/results.csv'))
     if not files: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'} (run the experiment first)")
-    df = concat_results({str(f.relative_to(out_dir)): read_results(f) for f in files})
+    frames = {str(f.relative_to(out_dir)): read_results(f) for f in files}
+    check_runs(out_dir, frames)
+    df = concat_results(frames)
     if write: write_results(df, out_dir / 'results.csv')
     return df
 
 def load_results(path: str | Path) -> pd.DataFrame:
-    "A results table from an experiment directory (its finished runs) or a results CSV."
+    "A results table of one dataset from an experiment directory (its finished runs, checked) or a results CSV."
     p = Path(path)
     if p.is_dir(): return gather(p, write=False)
-    if p.is_file(): return read_results(p)
+    if p.is_file(): return one_dataset(read_results(p), str(p))
     raise FileNotFoundError(f"no experiment directory or results file at {p}")
+
+
+# %% ../nbs/00_results.ipynb #537c833f
+def _json(o): return json.loads(json.dumps(o))                         # tuples as lists, as the files hold them
+
+def _setting(cfg: dict) -> dict:
+    "What every run of one experiment shares in its `train/config.json` (the data without its location on disk)."
+    data = {k: v for k, v in (cfg.get('data') or {}).items() if k != 'path'}
+    return _json(dict(recipe=cfg.get('recipe') or {}, model=cfg.get('model'), model_kwargs=cfg.get('model_kwargs') or {},
+                      num_classes=cfg.get('num_classes'), data=data))
+
+def _setting_diff(a: dict, b: dict) -> list[str]:
+    "Fields of two settings that differ; recipe fields only one of them records (added later) are not compared."
+    out = [f'recipe.{k}' for k in sorted(set(a['recipe']) & set(b['recipe'])) if a['recipe'][k] != b['recipe'][k]]
+    return out + [k for k in ('model', 'model_kwargs', 'num_classes', 'data') if a[k] != b[k]]
+
+def _against_experiment(cfg: dict, exp: dict) -> list[str]:
+    "Fields where a run's config contradicts what `experiment.json` sets."
+    s, out = _setting(cfg), []
+    out += [f'recipe.{k}' for k, v in sorted(_json(exp.get('train_kwargs') or {}).items()) if k in s['recipe'] and s['recipe'][k] != v]
+    if exp.get('model') and s['model'] != exp['model']: out.append('model')
+    if _json(exp.get('model_kwargs') or {}) != s['model_kwargs']: out.append('model_kwargs')
+    return out                          # (the data may be a prebuilt dataset passed to the run: compared across runs only)
+
+def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = None):
+    "Refuse a finished run that is not a run of the directory's experiment (see above); `frames`: its tables, if read."
+    out_dir = Path(out_dir)
+    if frames is None: frames = {str(f.relative_to(out_dir)): read_results(f) for f in sorted((out_dir / 'runs').glob('*/results.csv'))}
+    exp = read_json(out_dir / 'experiment.json') if (out_dir / 'experiment.json').exists() else None
+    seen = {}
+    for key, df in frames.items():
+        run = Path(key).parent                                              # runs/<condition>-s<seed>
+        cfg_path = out_dir / run / 'train' / 'config.json'
+        if not cfg_path.exists():
+            if exp is None: continue                                        # a table put there by hand: duplicates only
+            raise ValueError(f"{run} has results but no train/config.json: not a run of this experiment; move it out of {out_dir}")
+        cfg = read_json(cfg_path)
+        cond, seed = cfg.get('condition'), cfg.get('seed')
+        if run.name != f'{cond}-s{seed}':
+            raise ValueError(f"{run} holds run {cond}-s{seed} (a copy or a renamed folder); remove it or name it {cond}-s{seed}")
+        rows = {(str(c), int(s)) for c, s in zip(df['condition'], df['seed'])} if len(df) else set()
+        if rows - {(cond, seed)}:
+            raise ValueError(f"{key} holds rows of {sorted(rows - {(cond, seed)})[0]} but the run is {cond} seed {seed}")
+        if exp is not None:
+            if cond not in exp.get('conditions', [cond]):
+                raise ValueError(f"{run}: condition {cond!r} is not one of the experiment's conditions {exp['conditions']}; "
+                                 f"move it out of {out_dir}")
+            if seed not in exp.get('seeds', [seed]):
+                raise ValueError(f"{run}: seed {seed} is not one of the experiment's seeds {exp['seeds']}; move it out of {out_dir}")
+            names = {str(n) for n in df['experiment'].unique() if str(n)} - {exp.get('name')} if 'experiment' in df else set()
+            if names:
+                raise ValueError(f"{run}: its rows are of experiment {sorted(names)[0]!r}, not {exp.get('name')!r}; move it out of {out_dir}")
+            diff = _against_experiment(cfg, exp)
+            if diff: raise ValueError(f"{run} was trained with another setting than this experiment (differs in "
+                                      f"{', '.join(diff)}); move it out of {out_dir}")
+        setting = _setting(cfg)
+        for other, s in seen.items():
+            diff = _setting_diff(s, setting)
+            if diff: raise ValueError(f"{run} and {other} were trained with different settings (differ in {', '.join(diff)}): "
+                                      f"they are not runs of one experiment; move the foreign one out of {out_dir}")
+            break                                                           # all earlier ones agree with the first
+        seen[run] = setting
+
 
 # %% ../nbs/00_results.ipynb #ebfa85bf
 SSDC_MODE_METRIC = {'normal': 'ssdc', 'rpi': 'ssdc', 'rpi_image': 'ssdc_image'}   # SSDC mode -> the metric its values are

@@ -64,7 +64,7 @@ class Shift:
         return dict(kind=self.kind, params=self.params, cls=type(self).__name__)
 
     def __call__(self, x: torch.Tensor, # uint8 (B, C, H, W)
-                 offset: int = 0,       # index of `x[0]` in the whole set (seeds random shifts per image)
+                 offset: int = 0,       # index of x[0] in the whole set (seeds random shifts per image)
                 ) -> torch.Tensor:      # uint8 (B, C, H, W), same device
         return self.apply(_check_images(x).contiguous(), int(offset))
 
@@ -155,7 +155,7 @@ def blur_matrix(n: int, sigma: float, kernel_size: int, device=None,
 
 def blur_images(x: torch.Tensor, # uint8 (B, C, H, W) on any device
                 sigma: float, kernel_size: int,
-                padding: str = 'reflect',  # `BLUR_PADDINGS`
+                padding: str = 'reflect',  # BLUR_PADDINGS
                 rounding: str = 'round',   # 'round' to the nearest level, or 'floor' (a float -> uint8 cast, as ImageNet-C)
                ) -> torch.Tensor: # uint8 (B, C, H, W)
     "Gaussian blur of every channel on its own as `K_H @ X @ K_W^T`, back to uint8."
@@ -178,7 +178,7 @@ class GaussianBlur(Shift):
     def __init__(self, sigma: float = 2.5,
                  kernel_size: int | None = 5,   # odd; None: radius round(4 sigma) after scaling (scipy/skimage)
                  img_size: int | None = None,   # eval resolution of the images; None: no rescaling
-                 ref_size: int = 224,           # resolution at which `sigma` / `kernel_size` are given
+                 ref_size: int = 224,           # resolution at which sigma / kernel_size are given
                  severity: int | str | None = None,
                  padding: str = 'reflect',      # border: 'reflect' (torchvision) or 'nearest' (scipy/skimage, ImageNet-C)
                  rounding: str = 'round',       # back to uint8: 'round', or 'floor' (ImageNet-C's uint8 cast)
@@ -365,7 +365,7 @@ def structure_shifts(kind: str,                            # 'shuffle' or 'mask'
 
 # %% ../nbs/08_robustness.ipynb #1ba6da08
 def make_normalize(normalize: tuple | Callable | None = None, # (mean, std) in [0, 1] units, a callable, or None
-                   model: nn.Module | None = None,            # read mean/std from its timm `pretrained_cfg` when None
+                   model: nn.Module | None = None,            # read mean/std from its timm pretrained_cfg when None
                   ) -> Callable[[torch.Tensor], torch.Tensor]:
     "A function uint8 `(B, C, H, W)` → normalised float32, on the input's device."
     if callable(normalize): return normalize
@@ -410,7 +410,7 @@ def _split(batch):
 def evaluate_accuracy(model: nn.Module,
                       batches: Iterable,                     # (uint8 images (B, C, S, S), labels (B,)) pairs
                       normalize: tuple | Callable | None = None,
-                      shift: Shift | Callable | None = None, # applied to the uint8 images before `normalize`
+                      shift: Shift | Callable | None = None, # applied to the uint8 images before normalize
                       device: torch.device | str | None = None, # default: the model's device
                       show: bool | None = None,              # progress bar (default: when interactive)
                      ) -> float:
@@ -495,7 +495,7 @@ def _load_cached(path: Path, key: dict):
 
 # %% ../nbs/08_robustness.ipynb #e52556d2
 def shifted_set(batches: Iterable,                         # (uint8 images, labels) pairs, in a fixed order
-                shift: Shift | None,                       # None: the clean set (a cache needs a `Shift`)
+                shift: Shift | None,                       # None: the clean set (a cache needs a Shift)
                 device: torch.device | str = 'cpu',        # where the shift runs
                 cache_dir: str | Path | None = None,       # folder of cached sets; None: no cache
                 dataset_id: str | None = None,             # names the dataset/split/resolution (needed with a cache)

@@ -29,8 +29,8 @@ __all__ = ['DISTANCES', 'grid_distance', 'upper_pairs', 'average_ranks', 'spearm
 # %% ../nbs/06_ssdc.ipynb #64f86a36
 DISTANCES = ('manhattan', 'euclidean')
 
-def grid_distance(grid_size: int | Sequence[int], # `H` or `(H, W)` patch grid
-                  metric: str = 'manhattan',       # one of `DISTANCES`
+def grid_distance(grid_size: int | Sequence[int], # H or (H, W) patch grid
+                  metric: str = 'manhattan',       # one of DISTANCES
                   device=None,
                  ) -> torch.Tensor:                # (N, N) float64, N = H*W, row-major tokens
     "Pairwise distances between the grid positions (row, col) of the tokens."
@@ -105,7 +105,7 @@ def average_ranks(x: torch.Tensor) -> torch.Tensor: # (..., n) -> (..., n) float
 
 # %% ../nbs/06_ssdc.ipynb #69854e82
 def spearman(a: torch.Tensor, # (..., n)
-             b: torch.Tensor, # (..., n), broadcastable with `a` over the leading dims
+             b: torch.Tensor, # (..., n), broadcastable with a over the leading dims
             ) -> torch.Tensor: # (...) float64; NaN (with a warning) where a row is constant
     "Spearman rank correlation along the last dim (average ranks for ties), batched, on `a`'s device."
     if a.shape[-1] != b.shape[-1]:
@@ -161,8 +161,8 @@ def _neg_pair_distance(grid: tuple[int, int], metric: str, device: str) -> torch
     return -upper_pairs(grid_distance(grid, metric, device=device))
 
 def ssdc_from_similarity(sim: torch.Tensor,          # (..., N, N) token similarity (e.g. averaged over images)
-                         grid_size: int | Sequence[int], # `H` or `(H, W)` with H*W = N
-                         metric: str = 'manhattan',  # one of `DISTANCES`
+                         grid_size: int | Sequence[int], # H or (H, W) with H*W = N
+                         metric: str = 'manhattan',  # one of DISTANCES
                         ) -> torch.Tensor:           # (...) float64
     "Spearman correlation of the similarities `sim[..., i, j]` (i < j) with minus the grid distance."
     check_choice('distance', metric, DISTANCES)
@@ -210,8 +210,8 @@ def ssdc_per_image(features: torch.Tensor,           # (..., B, N, C) patch toke
 class SSDCAccumulator:
     "Streaming SSDC: feed `(L, B, N, C)` patch-token batches to `update`; memory stays `(L, N, N)` (+ per-image values)."
     def __init__(self,
-                 grid_size: int | Sequence[int], # `H` or `(H, W)` patch grid
-                 metric: str = 'manhattan',       # one of `DISTANCES`
+                 grid_size: int | Sequence[int], # H or (H, W) patch grid
+                 metric: str = 'manhattan',       # one of DISTANCES
                  per_image: bool = False,         # also compute and keep each image's SSDC
                  layers: Sequence[int] | None = None, # labels of the L layers (default 0..L-1)
                  pooled: bool = True,             # sum the matrices for the paper's SSDC (False: per-image values only)
@@ -329,7 +329,7 @@ def model_grid_size(model: nn.Module) -> tuple[int, int]:
 def patch_token_batches(model: nn.Module,
                         batches: Iterable,                   # image batches: tensors or tuples (x, y, ...)
                         layers: Sequence[int] | None = None, # blocks to tap (default: all)
-                        point: str = 'ln1',                  # `TokenRecorder` tap point
+                        point: str = 'ln1',                  # TokenRecorder tap point
                         max_images: int | None = None,       # stop after exactly this many images
                         show_progress: bool | None = None,
                         comment: str = 'features',           # label of the progress bar
@@ -356,16 +356,16 @@ def patch_token_batches(model: nn.Module,
 # %% ../nbs/06_ssdc.ipynb #fb7d553b
 def ssdc_curve(model: nn.Module,
                batches: Iterable,                   # image batches: tensors or tuples (x, y, ...)
-               grid_size: int | Sequence[int] | None = None, # default: `model.patch_embed.grid_size`
-               metric: str = 'manhattan',           # one of `DISTANCES`
+               grid_size: int | Sequence[int] | None = None, # default: model.patch_embed.grid_size
+               metric: str = 'manhattan',           # one of DISTANCES
                per_image: bool = False,             # also keep each image's SSDC
                max_images: int | None = None,       # use exactly this many images (None: the whole loader)
                layers: Sequence[int] | None = None, # blocks to measure (default: all)
-               point: str = 'ln1',                  # `TokenRecorder` tap point; 'ln1' is the paper's
+               point: str = 'ln1',                  # TokenRecorder tap point; 'ln1' is the paper's
                show_progress: bool | None = None,
                pooled: bool = True,                 # accumulate the mean matrix (False: per-image SSDC only)
               ) -> SSDCAccumulator:
-    "Stream `batches` through `model` and accumulate the SSDC of every block's LN1 input (`.compute()` -> (L,))."
+    "Stream `batches` through `model` and accumulate the SSDC of every block's attention input (LN1 output; `.compute()` -> (L,))."
     grid = model_grid_size(model) if grid_size is None else grid_hw(grid_size)
     own = getattr(getattr(model, 'patch_embed', None), 'grid_size', None)
     if own is not None and grid != tuple(int(v) for v in own):

@@ -5,7 +5,7 @@ visibly, when none is present). Real-data tests read CIFAR-10 from the paths in 
 PE_ANCHORS_CIFAR_DIR (ImageNet-style folder with train/ and val/) and PE_ANCHORS_CIFAR_NPZ (the packed npz); when unset,
 a `shared/data` folder beside one of the checkout's parent folders is used if present, otherwise those tests are skipped.
 """
-import os
+import json, os
 from pathlib import Path
 import pytest
 import torch
@@ -47,3 +47,20 @@ def cifar_npz():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def fake_run(out: Path, exp, condition: str, seed: int, folder: str | None = None, name: str | None = None,
+             **recipe_overrides) -> Path:
+    "A finished run of `exp` as `run_experiment` leaves it (the learner's own config, a results table), without training."
+    from pe_anchors.data import get_data
+    from pe_anchors.learner import pe_learner
+    from pe_anchors.results import result_frame, write_results
+    d = Path(out) / 'runs' / (folder or f'{condition}-s{seed}')
+    learn = pe_learner(get_data(exp.data, **exp.data_kwargs), condition, recipe=exp.recipe, seed=seed, model=exp.model,
+                       model_kwargs=exp.model_kwargs, show_progress=False, **{**exp.train_kwargs, **recipe_overrides})
+    (d / 'train').mkdir(parents=True, exist_ok=True)
+    (d / 'train' / 'config.json').write_text(json.dumps(learn.config, indent=2))
+    rows = [dict(metric='acc', shift='clean', value=.5 + .1 * seed), dict(metric='ssdc', mode='normal', layer=0, value=.3)]
+    write_results(result_frame(rows, experiment=name or exp.name, dataset='digits', condition=condition, seed=seed),
+                  d / 'results.csv')
+    return d

@@ -17,7 +17,7 @@ from pe_anchors.data import (IMAGENET100_WNIDS, ImageData, ImageSplit, BatchAug,
 def test_cmc_list():
     assert len(IMAGENET100_WNIDS) == len(set(IMAGENET100_WNIDS)) == 100
     assert all(w.startswith('n') and len(w) == 9 for w in IMAGENET100_WNIDS)
-    # a few positions of the CMC file order (SPEC.md section 2)
+    # a few positions of the CMC file order
     assert IMAGENET100_WNIDS[0] == 'n02869837' and IMAGENET100_WNIDS[10] == 'n01735189'
     assert IMAGENET100_WNIDS[50] == 'n02259212' and IMAGENET100_WNIDS[99] == 'n02090622'
 

@@ -76,6 +76,25 @@ def test_selectivity_against_loops():
     with pytest.raises(ValueError, match='grid has 12'): position_selectivity(means[:10], (h, w))
 
 
+def test_nearly_dead_latents_are_not_ranked():
+    "A latent firing once, in one row, has the largest row ratio (H) over a near-zero denominator: it must not come first."
+    torch.manual_seed(0)
+    h, w, n = 4, 4, 10
+    means = torch.rand(h * w, n) + .1                                 # live latents, none concentrated in one row
+    means[:w, 0] += 2.                                                # latent 0: a genuine first-row feature
+    means[:, 9] = 0; means[5, 9] = 1e-7                               # latent 9: fired once, at (1, 1)
+    raw = position_selectivity(means, (h, w), min_rel_act=0)
+    assert raw.row_sel[9] == pytest.approx(h) and raw.row_sel.idxmax() == 9      # the bare ratio ranks it first
+    t = position_selectivity(means, (h, w))
+    avg = means.double().mean(0).mean().item()
+    for f in range(n):                                                # the floor, written out: 1 % of the average latent
+        assert np.isnan(t.row_sel[f]) == (means[:, f].double().mean().item() < .01 * avg)
+    assert np.isnan(t.row_sel[9]) and np.isnan(t.col_sel[9]) and np.isnan(t.pos_sel[9])
+    assert positional_latents(t, 'row', threshold=1.)[0] == 0 and 9 not in positional_latents(t, 'row', threshold=1.)
+    assert t.nlargest(1, 'row_sel').latent.item() == 0 and t.nlargest(n - 1, 'pos_sel').latent.tolist().count(9) == 0
+    with pytest.raises(ValueError, match='min_rel_act'): position_selectivity(means, (h, w), min_rel_act=1.5)
+
+
 def test_latent_position_means_is_a_mean_over_images():
     torch.manual_seed(0)
     sae = TopKSAE(8, 2, 3).init_from_data(torch.randn(50, 8))
@@ -128,7 +147,8 @@ def test_causal_test_matches_its_parts():
     assert df.kind.tolist() == ['intact', 'selected', 'random', 'random']
     assert df.n_latents.tolist() == [0, 8, 8, 8]
     means = latent_position_means(sae, toks).mean(0)
-    alive = set(np.flatnonzero(means.numpy() > 0).tolist()) - set(lat.tolist())
+    floor = .01 * means.mean().item()                                 # random sets: latents above the activation floor
+    alive = set(np.flatnonzero((means.numpy() > 0) & (means.numpy() >= floor)).tolist()) - set(lat.tolist())
     rng = np.random.default_rng(3)
     sets = [[], lat] + [rng.choice(sorted(alive), 8, replace=False) for _ in range(2)]
     for row, s in zip(df.itertuples(), sets):

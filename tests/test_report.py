@@ -101,3 +101,16 @@ def test_report_from_a_csv_with_its_meta(tmp_path, df):
         runs=[dict(hardware='CPU x', train_and_init_s=60., eval_s=30.)])))
     text = write_report(tmp_path / 'r' / 'results.csv', tmp_path / 'out').read_text()
     assert 'from-csv' in text and 'cifar.npz' in text and '/secret/place' not in text and 'CPU x' in text
+
+
+def test_fig3_names_the_experiment_not_ours(df):
+    "The fragility panels are titled with the experiment they show, so synthetic data can never read as 'ours'."
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from pe_anchors.report import fig3
+    fig = fig3(df)
+    titles = [a.get_title() for a in fig.axes]
+    plt.close(fig)
+    assert titles[:2] == ['blur (synthetic)', 'JPEG (synthetic)'] and titles[2:] == ['blur (paper)', 'JPEG (paper)']
+    assert not any('ours' in t for t in titles)

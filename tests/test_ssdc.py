@@ -230,7 +230,7 @@ def test_ssdc_curve_on_timm_vit_and_max_images():
     acc = ssdc_curve(m, batches, max_images=6, layers=[1])
     ref = ssdc_curve(m, [x[:6]], layers=[1])
     assert acc.n_images == 6 and acc.layers == [1]
-    np.testing.assert_allclose(acc.compute().numpy(), ref.compute().numpy(), atol=1e-9)
+    np.testing.assert_allclose(acc.compute().numpy(), ref.compute().numpy(), atol=1e-6)   # float32 features: batches of 4 vs 6 differ in the last bits
     with pytest.warns(UserWarning, match='only 10 images'): ssdc_curve(m, batches, max_images=50)
 
 

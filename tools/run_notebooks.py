@@ -2,32 +2,49 @@
 
 Cells flagged `#| cuda` run only where a GPU is present; `#| slow` cells run (they hold the worked examples' results)
 unless `--no-slow` is given (for pages whose slow cells only repeat a run for the reader, as `20_reproduce`).
-Warnings that name machine paths (timm's torch.jit deprecation, timm's registry notice on re-registering) are filtered,
-so no saved output carries them. Run `nbdev_clean` afterwards; CI checks that it leaves no diff."""
+Each notebook runs in its own folder (as Jupyter and `nbdev_test` run it), so relative paths such as
+`results/cifar10-cpu/results.csv` resolve the same way. Warnings that name machine paths (timm's torch.jit deprecation, timm's registry notice on re-registering) are filtered,
+so no saved output carries them. A cell ending in `;` keeps its printed text, as in Jupyter (execnb alone drops it), and a cell that now prints nothing
+loses the outputs of its last run (execnb alone keeps them).
+Run `nbdev_clean` afterwards; CI checks that it leaves no diff."""
 import os, sys, time, warnings
 from pathlib import Path
 
 os.environ.setdefault('MPLBACKEND', 'Agg')
 os.environ['PYTHONWARNINGS'] = 'ignore::FutureWarning,ignore::DeprecationWarning'   # inherited by the kernel's imports
 
+def _keep_stdout_of_quiet_cells(CaptureShell):
+    "execnb drops a cell's stdout when the cell ends in `;`; Jupyter only hides its value. Run `cell; pass` instead."
+    run = CaptureShell._run
+    def _run(self, raw_cell, *args, **kwargs):
+        if raw_cell.rstrip().endswith(';'): raw_cell = raw_cell.rstrip() + '\npass'
+        return run(self, raw_cell, *args, **kwargs)
+    CaptureShell._run = _run
+
 def main(paths, slow=True):
     import torch
     from execnb.nbio import read_nb, write_nb
     from execnb.shell import CaptureShell
+    _keep_stdout_of_quiet_cells(CaptureShell)
     cuda = torch.cuda.is_available()
     def skip(cell):
         src = cell.source.lstrip()
-        return ((not cuda and src.startswith('#| cuda')) or (not slow and src.startswith('#| slow'))
-                or 'eval: false' in src.split('\n', 1)[0])
-    for p in map(Path, paths):
+        skipped = ((not cuda and src.startswith('#| cuda')) or (not slow and src.startswith('#| slow'))
+                   or 'eval: false' in src.split('\n', 1)[0])
+        if not skipped and cell.cell_type == 'code': cell.outputs = []   # execnb keeps old outputs of a silent cell
+        return skipped
+    home = Path.cwd()
+    for p in [Path(x).resolve() for x in paths]:
         t = time.perf_counter()
         nb = read_nb(p)
-        sh = CaptureShell(path=p.parent.resolve())
+        os.chdir(p.parent)
+        sh = CaptureShell(path=p.parent)
         sh.run('import warnings; warnings.filterwarnings("ignore", category=FutureWarning); '
                'warnings.filterwarnings("ignore", category=DeprecationWarning); '
                'warnings.filterwarnings("ignore", message="Overwriting .* in registry")')
-        sh.run_all(nb, exc_stop=True, preproc=skip)
+        try: sh.run_all(nb, exc_stop=True, preproc=skip)
+        finally: os.chdir(home)
         write_nb(nb, p)
-        print(f"{p}: {time.perf_counter() - t:.0f} s", flush=True)
+        print(f"{p.relative_to(home) if p.is_relative_to(home) else p}: {time.perf_counter() - t:.0f} s", flush=True)
 
 if __name__ == '__main__': main([a for a in sys.argv[1:] if a != '--no-slow'], slow='--no-slow' not in sys.argv)

@@ -28,7 +28,7 @@ class TokenPermutationCallback(Callback):
     "Base: attach a `TokenPermutation` hook for the fit and switch it on around the batches this callback runs for."
     order, modes = 5, TRAIN_PERM_MODES + INFERENCE_PERM_MODES
     def __init__(self,
-                 mode: str = 'batch',               # a `TokenPermutation` mode allowed by the subclass (`modes`)
+                 mode: str = 'batch',               # a TokenPermutation mode allowed by the subclass (modes)
                  seed: int | None = None,           # seed of the permutation generator (None: torch's global RNG)
                  perm: torch.Tensor | None = None,  # a fixed permutation (N,) or (B, N) instead of random draws
                 ):

@@ -39,7 +39,7 @@ def block_index(model: nn.Module, layer: int) -> int:
 def layer_tokens(model: nn.Module,
                  batches: Iterable,             # image batches: tensors or tuples (x, y, ...)
                  layer: int,                    # block index (negative counts from the end)
-                 point: str = 'ln1',            # `TokenRecorder` tap point: 'ln1', 'resid' or 'block'
+                 point: str = 'ln1',            # TokenRecorder tap point: 'ln1', 'resid' or 'block'
                  max_images: int | None = None,
                  show_progress: bool | None = None,
                 ) -> torch.Tensor:              # (I, N, C) float32 on the CPU
@@ -53,8 +53,8 @@ def layer_tokens(model: nn.Module,
 # %% ../../nbs/11_mech.position.ipynb #f9d1c8d2
 POSITION_TARGETS = ('position', 'row', 'col')
 
-def position_labels(grid_size: int | Sequence[int], # `H` or `(H, W)`
-                    target: str = 'position',       # one of `POSITION_TARGETS`
+def position_labels(grid_size: int | Sequence[int], # H or (H, W)
+                    target: str = 'position',       # one of POSITION_TARGETS
                    ) -> torch.Tensor:               # (N,) long, in row-major token order
     "The class of every patch token: its index (`'position'`), its row or its column."
     check_choice('probe target', target, POSITION_TARGETS)
@@ -97,7 +97,7 @@ class PositionProbe:
     def fit(self,
             features: torch.Tensor,     # (I, N, C) patch tokens of the training images
             steps: int = 400,           # optimiser steps (the mini-batches cycle through shuffled epochs)
-            lr: float = 5e-2,           # Adam, cosine-annealed to 0 over `steps`
+            lr: float = 5e-2,           # Adam, cosine-annealed to 0 over steps
             weight_decay: float = 1e-4, # L2 penalty
             bs: int = 4096,             # tokens per step
             seed: int = 0,              # seed of the mini-batch order
@@ -161,7 +161,7 @@ def fit_position_probes(features: torch.Tensor,             # (I, N, C) patch to
                         targets: Sequence[str] = POSITION_TARGETS,
                         test_frac: float = .25,
                         seed: int = 0,                      # seeds the image split and the mini-batch order
-                        **fit_kwargs,                       # passed to `PositionProbe.fit`
+                        **fit_kwargs,                       # passed to PositionProbe.fit
                        ) -> PositionProbes:
     "Fit a probe per target on the training images; `table` has train / test accuracy beside chance."
     if features.ndim != 3: raise ValueError(f"features must be (I, N, C), got shape {tuple(features.shape)}")
@@ -399,7 +399,7 @@ def withheld_retention(model: nn.Module,
                        ks: Sequence[int] | None = None,  # numbers of leading blocks without rotations (default 0..L)
                        layer: int = -1,                  # where SSDC is measured
                        point: str = 'block',             # ... and at which tap: 'block' = the block's output
-                       mode: str = 'rpi',                # SSDC mode of `measure_ssdc`: 'rpi', 'rpi_image', 'normal'
+                       mode: str = 'rpi',                # SSDC mode of measure_ssdc: 'rpi', 'rpi_image', 'normal'
                        n_perms: int = N_PERMS,                 # permutation draws averaged (RPI modes)
                        perm_seed: int = 0,
                        max_images: int | None = None,
@@ -444,6 +444,6 @@ def rebuild_heads(model: nn.Module,
             rows.append(dict(block=b, head=h, ssdc=s, ssdc_lost=ref - s))
     with rope_knockout(model): floor = ssdc()
     df = pd.DataFrame(rows)
-    df['share_of_recovery_lost'] = df.ssdc_lost / (ref - floor) if abs(ref - floor) > 1e-12 else np.nan
+    df['recovery_lost'] = df.ssdc_lost / (ref - floor) if abs(ref - floor) > 1e-12 else np.nan   # 1 = down to the floor
     return df.sort_values('ssdc_lost', ascending=False, ignore_index=True).assign(
         withheld=withheld, ssdc_withheld=ref, ssdc_floor=floor, mode=mode)

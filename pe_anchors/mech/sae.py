@@ -165,25 +165,28 @@ def latent_position_means(sae: TopKSAE, features: torch.Tensor, bs: int = 64) ->
         total = z if total is None else total + z
     return total / len(features)
 
-def position_selectivity(means: torch.Tensor,                 # (N, n) from `latent_position_means`
+def position_selectivity(means: torch.Tensor,                 # (N, n) from latent_position_means
                          grid_size: int | Sequence[int],
+                         min_rel_act: float = .01,            # NaN below this fraction of the average latent's mean activation
                         ) -> pd.DataFrame:
-    "Per latent: mean activation, best position / row / column and their selectivities (NaN for silent latents)."
+    "Per latent: mean activation, best position / row / column and their selectivities (NaN for silent or too rare latents)."
     h, w = grid_hw(grid_size)
     N, n = means.shape
     if N != h * w: raise ValueError(f"means have {N} positions; the {h}x{w} grid has {h * w}")
+    if not 0 <= min_rel_act < 1: raise ValueError(f"min_rel_act must be in [0, 1), got {min_rel_act}")
     m = means.double().cpu()
     overall = m.mean(0)                                                # (n,)
     elsewhere = (m.sum(0, keepdim=True) - m) / (N - 1)                 # (N, n): mean over the other positions
     pos_sel, best_pos = (m - elsewhere).max(0)
     rows, cols = m.reshape(h, w, n).mean(1), m.reshape(h, w, n).mean(0)   # (h, n), (w, n)
-    silent = overall <= 0
+    silent = (overall <= 0) | (overall < min_rel_act * overall.mean())   # never fire, or too rarely for a ratio
     ratio = lambda t: torch.where(silent, torch.nan, t.max(0).values / overall.clamp_min(1e-30))
+    pos_sel = torch.where(silent, torch.nan, pos_sel)
     return pd.DataFrame(dict(latent=np.arange(n), mean_act=overall.numpy(), pos_sel=pos_sel.numpy(),
                              best_pos=best_pos.numpy(), row_sel=ratio(rows).numpy(), best_row=rows.argmax(0).numpy(),
                              col_sel=ratio(cols).numpy(), best_col=cols.argmax(0).numpy()))
 
-def positional_latents(table: pd.DataFrame,      # from `position_selectivity`
+def positional_latents(table: pd.DataFrame,      # from position_selectivity
                        axis: str = 'row',        # 'row' or 'col'
                        threshold: float = 3.,    # selectivity above which a latent counts (3 decent, 5 strong)
                        max_other: float | None = None, # keep only latents whose other-axis selectivity is below this
@@ -244,13 +247,14 @@ def sae_causal_test(model: nn.Module,
                     batches: Iterable,                 # (x, y) batches, the same images in the same order every pass
                     block: int,                        # where the SAE is spliced in
                     latents: Sequence[int],            # the selected (e.g. positional) latents
-                    probes: PositionProbes | None = None, # fitted on the intact model's tokens at `layer`
-                    layer: int = -1,                   # where probes and SSDC read (at or after `block`)
+                    probes: PositionProbes | None = None, # fitted on the intact model's tokens at layer
+                    layer: int = -1,                   # where probes and SSDC read (at or after block)
                     n_random: int = 5,                 # random control sets of the same size
                     mode: str = 'zero',
-                    ssdc_mode: str = 'rpi',            # `measure_ssdc` mode of the SSDC column
+                    ssdc_mode: str = 'rpi',            # measure_ssdc mode of the SSDC column
                     n_perms: int = 4,
                     seed: int = 0,
+                    min_rel_act: float = .01,          # random sets: latents at least this active (as position_selectivity)
                     max_images: int | None = None,
                     show_progress: bool | None = None,
                    ) -> pd.DataFrame:
@@ -263,9 +267,10 @@ def sae_causal_test(model: nn.Module,
     model.eval()
     feats = layer_tokens(model, batches, block, 'resid', max_images, show_progress=False)
     means = latent_position_means(sae, feats).mean(0).cpu()                  # (n,) mean activation per latent
-    alive = np.setdiff1d(np.flatnonzero(means.numpy() > 0), latents)
+    m = means.numpy()
+    alive = np.setdiff1d(np.flatnonzero((m > 0) & (m >= min_rel_act * m.mean())), latents)
     rng = np.random.default_rng(seed)
-    if n_random and len(alive) < len(latents): raise ValueError(f"only {len(alive)} other live latents for random sets of {len(latents)}")
+    if n_random and len(alive) < len(latents): raise ValueError(f"only {len(alive)} other active latents for random sets of {len(latents)}: lower min_rel_act")
     sets = [('intact', np.array([], dtype=np.int64)), ('selected', latents)]
     sets += [(f'random {i}', rng.choice(alive, len(latents), replace=False)) for i in range(n_random)]
     rows = []

@@ -1,0 +1,190 @@
+"""Mistakes and accidents that lose nothing but used to end in a traceback or in a message naming nothing (issue 24,
+section 2): each now gives one line that names the file, field or option, exit code 2 from the command line."""
+import errno, json, os, pickle, re, shutil, subprocess, sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import pe_anchors  # noqa: F401
+from pe_anchors.cli import main
+from pe_anchors.experiment import Experiment, preset, run_experiment
+from pe_anchors.results import gather, result_frame, write_results
+
+from conftest import fake_run
+
+
+def cli(capsys, *args) -> tuple[int, str]:
+    "Run the command line in this process: (exit code, its one stderr line); more than one line fails the test."
+    try: rc = main([str(a) for a in args])
+    except SystemExit as e: rc = e.code                                     # argparse's own usage errors
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(lines) <= 1 and not any('Traceback' in l for l in lines), lines
+    return rc, lines[0] if lines else ''
+
+
+def tiny(**kw):
+    base = dict(conditions=['ape', 'nope'], seeds=[0], train_kwargs=dict(epochs=1), ssdc_images=32, n_perms=1, alphas=[],
+                model_kwargs=dict(depth=2))
+    return preset('digits', **{**base, **kw})
+
+
+@pytest.fixture(scope='module')
+def ckpt(tmp_path_factory):
+    import timm
+    from pe_anchors.vit import save_checkpoint
+    p = tmp_path_factory.mktemp('ck') / 'ape.safetensors'
+    return save_checkpoint(timm.create_model('pe_vit_nano_patch2_16', pe='ape', num_classes=10), p)
+
+
+def test_an_error_inside_the_run_recorder_shows_its_reason(tmp_path, capsys):
+    run = tmp_path / 'run'
+    probe = (f"from pe_anchors.core import RunLock; import time\n"
+             f"with RunLock({str(run)!r}) as l: print(l.acquired, flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, '-c', probe], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'True'
+        rc, err = cli(capsys, 'train', '--out', run, '--epochs', '1', '--bs', '256', '--quiet')
+    finally: holder.kill(); holder.wait()
+    assert rc == 2 and 'is being trained by another process' in err and 'Exception occured' not in err, err
+
+
+def test_restart_with_a_symlinked_runs_folder(tmp_path, capsys):
+    out, elsewhere = tmp_path / 'exp', tmp_path / 'bigdisk' / 'runs'
+    exp = tiny()
+    fake_run(tmp_path / 'bigdisk', exp, 'ape', 0)
+    out.mkdir(); (out / 'runs').symlink_to(elsewhere)
+    rc, err = cli(capsys, 'sweep', 'digits', '--out', out, '--restart', '--epochs', '1', '--quiet')
+    assert rc == 2 and 'runs' in err and 'symbolic link' in err, err
+    assert (elsewhere / 'ape-s0' / 'results.csv').exists()                     # nothing deleted
+
+
+def test_out_that_is_a_file(tmp_path, capsys, ckpt):
+    f = tmp_path / 'taken'; f.write_text('x')
+    for args in (('sweep', 'digits', '--out', f, '--quiet'), ('analyze', ckpt, '--out', f, '--quiet')):
+        rc, err = cli(capsys, *args)
+        assert rc == 2 and f'--out {f} is a file' in err, err
+
+
+@pytest.mark.parametrize('text, msg', [('', 'is empty'), ('hello\n', "must hold a mapping of fields (name: value), got a str"),
+                                        ('- ape\n- nope\n', 'got a list')])
+def test_experiment_files_that_are_not_mappings(tmp_path, capsys, text, msg):
+    f = tmp_path / 'e.yaml'; f.write_text(text)
+    rc, err = cli(capsys, 'sweep', f, '--out', tmp_path / 'o')
+    assert rc == 2 and str(f) in err and msg in err, err
+    with pytest.raises(ValueError, match=re.escape(msg)): Experiment.load(f)
+
+
+def test_a_results_csv_with_a_bad_value_names_file_line_and_column(tmp_path, capsys):
+    t = result_frame([dict(metric='acc', value=.5), dict(metric='acc', shift='jpeg', value=.4)], condition='ape')
+    p = tmp_path / 'r.csv'
+    t.to_csv(p, index=False)
+    p.write_text(p.read_text().replace(',ape,0,trained,acc,normal,-1,jpeg', ',ape,zero,trained,acc,normal,-1,jpeg'))
+    rc, err = cli(capsys, 'report', p, '--dest', tmp_path / 'rep')
+    assert rc == 2 and str(p) in err and "column seed" in err and 'line 3' in err and "'zero'" in err, err
+    t.to_csv(p, index=False); p.write_text(p.read_text().replace('0.4', 'O.4'))
+    rc, err = cli(capsys, 'report', p, '--dest', tmp_path / 'rep')
+    assert rc == 2 and 'column value' in err and "'O.4'" in err, err
+
+
+def test_a_torn_run_config_is_named(tmp_path, capsys):
+    exp = tiny()
+    (tmp_path / 'experiment.json').write_text(json.dumps(exp.to_dict()))
+    for c, s in exp.runs(): fake_run(tmp_path, exp, c, s)
+    cfg = tmp_path / 'runs' / 'nope-s0' / 'train' / 'config.json'
+    cfg.write_text(cfg.read_text()[:40])
+    rc, err = cli(capsys, 'report', tmp_path)
+    assert rc == 2 and 'nope-s0/train/config.json is damaged' in err, err
+
+
+def test_an_alpha_that_overflows_the_model_is_named(tmp_path, capsys, ckpt):
+    rc, err = cli(capsys, 'analyze', ckpt, '--ssdc-images', '16', '--n-perms', '1', '--alphas', '1', '1e300',
+                  '--device', 'cpu', '--out', tmp_path, '--quiet')
+    assert rc == 2 and 'α = 1e+300' in err, err
+    rc, err = cli(capsys, 'analyze', ckpt, '--alphas', 'inf', '--out', tmp_path)
+    assert rc == 2 and 'α' in err, err
+
+
+def test_analyze_on_a_full_disk_leaves_no_empty_table(tmp_path, capsys, ckpt, monkeypatch):
+    def full(*a): raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(os, 'fsync', full)
+    rc, err = cli(capsys, 'analyze', ckpt, '--ssdc-images', '16', '--n-perms', '1', '--device', 'cpu', '--out', tmp_path,
+                  '--quiet')
+    assert rc == 2 and 'No space left on device' in err and not (tmp_path / 'analysis.csv').exists(), err
+    assert not list(tmp_path.glob('.*.tmp'))
+
+
+def test_an_old_experiment_json_gets_the_defaults(tmp_path, capsys):
+    exp = preset('digits', conditions=['ape'])
+    old = {k: v for k, v in exp.to_dict().items() if k not in ('rpi_mode', 'callbacks')}
+    (tmp_path / 'experiment.json').write_text(json.dumps(old))
+    fake_run(tmp_path, exp, 'ape', 0)
+    rc, err = cli(capsys, 'sweep', 'digits', '--conditions', 'ape', '--out', tmp_path, '--quiet')
+    assert rc == 0, err
+    assert json.loads((tmp_path / 'experiment.json').read_text())['rpi_mode'] == 'rpi'
+    assert Experiment.load(tmp_path / 'experiment.json').rpi_mode == 'rpi'
+
+
+def test_a_pickle_named_safetensors(tmp_path, capsys):
+    f = tmp_path / 'model.safetensors'
+    f.write_bytes(pickle.dumps({'weights': [1, 2, 3]}))
+    rc, err = cli(capsys, 'analyze', f, '--out', tmp_path / 'a')
+    assert rc == 2 and str(f) in err and 'not a safetensors file' in err, err
+
+
+def test_a_duplicated_run_folder_is_named(tmp_path, capsys):
+    write_results(result_frame([dict(metric='acc', value=.5)], condition='nope'), tmp_path / 'runs' / 'nope-s0' / 'results.csv')
+    write_results(result_frame([dict(metric='acc', value=.5, sweep='alpha')], condition='ape'),
+                  tmp_path / 'runs' / 'ape-s0' / 'results.csv')
+    shutil.copytree(tmp_path / 'runs' / 'nope-s0', tmp_path / 'runs' / 'nope-s0 (copy)')
+    with pytest.raises(ValueError, match=r'duplicate result rows.*runs/nope-s0 \(copy\)'): gather(tmp_path)
+    rc, err = cli(capsys, 'report', tmp_path)
+    assert rc == 2 and 'nope-s0 (copy)' in err, err
+
+
+def test_two_datasets_in_one_table(tmp_path, capsys):
+    from pe_anchors.report import synthetic_results
+    a = synthetic_results(seeds=(0,))
+    b = a.assign(dataset='cifar10')
+    write_results(pd.concat([a, b], ignore_index=True), tmp_path / 'two.csv')
+    rc, err = cli(capsys, 'report', tmp_path / 'two.csv', '--dest', tmp_path / 'rep')
+    assert rc == 2 and '2 datasets' in err and 'cifar10' in err, err
+
+
+def test_a_full_disk_while_saving_the_model(tmp_path, capsys, monkeypatch):
+    import safetensors.torch
+    def full(*a, **k):
+        raise safetensors.SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+    monkeypatch.setattr(safetensors.torch, 'save_file', full)
+    rc, err = cli(capsys, 'train', '--out', tmp_path / 'run', '--epochs', '1', '--bs', '256', '--quiet')
+    assert rc == 2 and 'No space left on device' in err and 'model.safetensors' in err, err
+
+
+def test_leftovers_of_killed_writers_are_removed_at_the_next_start(tmp_path):
+    from pe_anchors.data import digits
+    from pe_anchors.learner import train
+    import dataclasses
+    from pe_anchors.data import ImageSplit
+    d = digits()
+    small = dataclasses.replace(d, train=ImageSplit(d.train.labels[:128], images=d.train.images[:128]),
+                                valid=ImageSplit(d.valid.labels[:32], images=d.valid.images[:32]))
+    run = tmp_path / 'run'
+    train('ape', small, run_dir=run, epochs=1, bs=64, model_kwargs=dict(depth=1), show_progress=False)
+    planted = [run / 'checkpoints' / '.tmp_epoch_001_k1l2m3n4', run / '.config.json.a1b2c3d4.tmp',
+               run / '.model.safetensors.c3d4e5f6.tmp', run / 'checkpoints' / '.tmp_epoch_000_zz_9y8x7']
+    planted[0].mkdir(); (planted[0] / 'state.pt').write_bytes(b'x'); planted[3].mkdir()
+    for p in planted[1:3]: p.write_bytes(b'half')
+    keep = [run / 'notes.tmp', run / '.cache.tmp']                             # not names the library writes
+    for k in keep: k.write_text('mine')
+    train('ape', small, run_dir=run, epochs=1, bs=64, model_kwargs=dict(depth=1), show_progress=False)
+    assert not any(p.exists() for p in planted) and all(k.exists() for k in keep)
+    # the same in an experiment directory and its run folders
+    exp = tiny()
+    for c, s in exp.runs(): fake_run(tmp_path / 'exp', exp, c, s)
+    (tmp_path / 'exp' / 'experiment.json').write_text(json.dumps(exp.to_dict()))
+    planted = [tmp_path / 'exp' / '.results.csv.q1w2e3r4.tmp', tmp_path / 'exp' / 'runs' / 'ape-s0' / '.run.json.q2w3e4r5.tmp',
+               tmp_path / 'exp' / 'runs' / 'nope-s0' / '.results.csv.q3w4e5r6.tmp']
+    for p in planted: p.write_bytes(b'half')
+    run_experiment(exp, tmp_path / 'exp', device='cpu', show=False)
+    assert not any(p.exists() for p in planted)
