@@ -13,17 +13,18 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .core import PAPER_CONDITIONS, condition_label, condition_order, read_json, write_atomic
+from .core import N_PERMS, PAPER_CONDITIONS, condition_label, condition_order, read_json, write_atomic
 from .paper import (PAPER_ALPHA, PAPER_LABEL, PAPER_RPI_RANGES, PAPER_SSDC, PAPER_TABLE5, PAPER_UNTRAINED_NOPE,
                               paper_curves, paper_table5)
-from .results import (alpha_rows, fragility_frame, load_results, main_rows, result_row,
-                                ssdc_metric, summarize_fragility, write_results)
+from .results import (FS_CHANCE_FACTOR, PEAK_METRIC, alpha_rows, chance_level, fragility_frame, load_results,
+                                main_rows, near_chance, result_row, ssdc_metric, summarize_fragility, with_peak_rpi,
+                                write_results)
 from .plots import plot_fragility, plot_shift_curves, plot_ssdc
 
 # %% auto #0
-__all__ = ['seed_stats', 'fmt_mean_sd', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4', 'fig5', 'fig_alpha', 'fig_severity',
-           'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts', 'table_rpi', 'md_table', 'report_meta',
-           'write_report']
+__all__ = ['EXPERIMENT_DEFAULTS', 'seed_stats', 'fmt_mean_sd', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4', 'fig5',
+           'fig_alpha', 'fig_severity', 'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts',
+           'compare_verdicts', 'table_rpi', 'rpi_summary', 'md_table', 'report_meta', 'write_report']
 
 # %% ../nbs/10_report.ipynb #9a0a2a58
 def seed_stats(s: pd.Series) -> tuple[float, float, int]:
@@ -45,10 +46,31 @@ def _curve(df, condition, mode='normal', stage='trained') -> pd.Series:
     d = d[(d['metric'] == ssdc_metric(mode)) & (d['condition'] == condition) & (d['mode'] == mode) & (d['stage'] == stage)]
     return d.groupby('layer')['value'].mean()
 
-def _sweep(df, condition, metric) -> pd.Series:
-    s = alpha_rows(df)
-    return s[(s['condition'] == condition) & (s['metric'] == metric)].groupby('alpha')['value'].mean()
+_SWEEP_SHIFT = {'fs': 'jpeg', 'acc': 'clean'}      # the α sweep's FS is JPEG's at the paper's severity; its accuracy, clean
 
+def _sweep_rows(df, condition, metric) -> pd.DataFrame:
+    "The trained α-sweep rows of one condition and metric (FS: JPEG at the paper's severity; accuracy: clean)."
+    s = alpha_rows(df)
+    s = s[(s['condition'] == condition) & (s['metric'] == metric) & (s['stage'] == 'trained')]
+    kind = _SWEEP_SHIFT.get(metric)
+    if kind == 'clean': s = s[s['shift'] == 'clean']
+    elif kind: s = s[(s['shift'] == kind) & (s['severity'] == 'paper')]
+    return s
+
+def _sweep(df, condition, metric) -> pd.Series:
+    "Mean over seeds per α of one condition's α-sweep metric."
+    return _sweep_rows(df, condition, metric).groupby('alpha')['value'].mean()
+
+def _fmt_seeds(values: pd.Series, digits: int = 3) -> str:
+    "One value per seed as 'mean ± SD' (one seed: the value)."
+    return fmt_mean_sd(*seed_stats(values)[:2], digits=digits) if len(values) else '–'
+
+def _chance_note(chance: float, marked: int, what: str = 'FS') -> str:
+    "The note under a table with FS: the near-chance rule, and how many cells it marked."
+    if math.isnan(chance): return f"{what} not checked against chance: the number of classes is unknown (pass num_classes)."
+    lim = FS_CHANCE_FACTOR * chance
+    return (f"† {what} not meaningful: clean accuracy below {FS_CHANCE_FACTOR:g} × chance = {lim:.3f} (chance 1/{round(1 / chance)}), "
+            f"where FS is capped below {1 - 1 / FS_CHANCE_FACTOR:.2f}; {marked} value(s) marked.")
 
 # %% ../nbs/10_report.ipynb #dc757438
 def synthetic_results(seeds: Sequence[int] = (0, 1), depth: int = 12, seed: int = 0) -> pd.DataFrame:
@@ -189,20 +211,25 @@ def fig5(df: pd.DataFrame):
     fig.tight_layout(); return fig
 
 # %% ../nbs/10_report.ipynb #ec19a0e7
-def fig_alpha(df: pd.DataFrame):
-    "Tables 1/3/4 as curves: ΔSSDC under RPI and JPEG fragility against α (mean ± 1 SD), with the paper's."
+def fig_alpha(df: pd.DataFrame, num_classes: int | None = None):
+    "Tables 1/3/4 as curves: ΔSSDC under RPI and JPEG FS against α (mean ± 1 SD over seeds), with the paper's; FS near chance crossed."
     fig, (a, b) = _axes(2)
-    s = alpha_rows(df)
+    s, chance, crossed = alpha_rows(df), chance_level(df, num_classes), False
     for c in condition_order(s['condition']):
-        d = s[s['condition'] == c]
         for ax, metric, key in ((a, 'delta_ssdc', 'delta_ssdc'), (b, 'fs', 'fs_jpeg')):
-            g = d[d['metric'] == metric].groupby('alpha')['value']
+            g = _sweep_rows(df, c, metric).groupby('alpha')['value']
             m, sd = g.mean(), g.std()
             line, = ax.plot(m.index, m.values, 'o-', ms=3, label=condition_label(c))
             ax.fill_between(m.index, (m - sd.fillna(0)).values, (m + sd.fillna(0)).values, alpha=.2, color=line.get_color())
             if c in PAPER_ALPHA:
                 ax.plot(PAPER_ALPHA[c]['alpha'], PAPER_ALPHA[c][key], '--', lw=1, color=line.get_color(),
                         label=f"{condition_label(c)} (paper)")
+            if metric == 'fs':                                     # FS where clean accuracy is near chance: crossed out
+                low = [x for x in m.index if near_chance(_sweep(df, c, 'acc').get(x, math.nan), chance)]
+                if low:
+                    ax.plot(low, m[low].values, 'x', color='k', ms=9, mew=1.5,
+                            label=None if crossed else f"not meaningful (clean acc < {FS_CHANCE_FACTOR:g} × chance)")
+                    crossed = True
     a.set_ylabel('ΔSSDC under RPI'); b.set_ylabel('Fragility score (JPEG)')
     for ax in (a, b): ax.set_xlabel('α (PE scale at inference)'); ax.invert_xaxis(); ax.legend(fontsize=8); ax.grid(alpha=.3)
     fig.tight_layout(); return fig
@@ -215,39 +242,50 @@ def fig_severity(df: pd.DataFrame):
     fig.tight_layout(); return fig
 
 # %% ../nbs/10_report.ipynb #a24f8ea6
-def table5(df: pd.DataFrame) -> pd.DataFrame:
-    "Table 5: clean accuracy and JPEG/blur fragility per condition, mean ± SD over seeds, beside the paper's."
+def table5(df: pd.DataFrame, num_classes: int | None = None) -> pd.DataFrame:
+    "Table 5: clean accuracy and JPEG/blur FS per condition (mean ± SD over seeds), beside the paper's; FS near chance marked †."
     fr = fragility_frame(df)
     fr = fr[fr['severity'] == 'paper']
     paper = paper_table5().set_index(['condition', 'kind'])
-    rows = []
+    chance, rows, marked = chance_level(df, num_classes), [], 0
     for c in condition_order(fr['condition']):
         d = fr[fr['condition'] == c]
         clean = d.drop_duplicates('seed')['acc_clean']
         row = {'condition': condition_label(c), 'seeds': d['seed'].nunique(), 'clean acc': fmt_mean_sd(*seed_stats(clean)[:2])}
+        low = bool(near_chance(clean.mean(), chance))
         for kind, name in (('jpeg', 'JPEG FS'), ('blur', 'blur FS')):
-            row[name] = fmt_mean_sd(*seed_stats(d[d['kind'] == kind]['fs'])[:2])
+            row[name] = fmt_mean_sd(*seed_stats(d[d['kind'] == kind]['fs'])[:2]) + (' †' if low else '')
+            marked += low
         if (c, 'jpeg') in paper.index:
             p = paper.loc[(c, 'jpeg')]
             row['paper clean acc'] = fmt_mean_sd(p['acc_clean_mean'], p['acc_clean_sd'])
             for kind, name in (('jpeg', 'paper JPEG FS'), ('blur', 'paper blur FS')):
                 q = paper.loc[(c, kind)]; row[name] = fmt_mean_sd(q['fs_mean'], q['fs_sd'])
         rows.append(row)
-    return pd.DataFrame(rows).fillna('–')
+    out = pd.DataFrame(rows).fillna('–')
+    out.attrs['note'] = _chance_note(chance, marked)
+    return out
 
-def table_alpha(df: pd.DataFrame, condition: str = 'ape') -> pd.DataFrame:
-    "Tables 1/3 (APE) and 4 (SPE): ΔSSDC under RPI and JPEG FS per α, mean ± SD over seeds, beside the paper's."
-    s = alpha_rows(df)
-    s = s[s['condition'] == condition]
+def table_alpha(df: pd.DataFrame, condition: str = 'ape', num_classes: int | None = None) -> pd.DataFrame:
+    """Tables 1/3 (APE) and 4 (SPE): per α, ΔSSDC under RPI, clean accuracy and JPEG FS (mean ± SD over seeds) beside the
+    paper's; FS where clean accuracy is near chance is marked † (see `.attrs['note']`)."""
+    d = alpha_rows(df)
+    delta = d[(d['condition'] == condition) & (d['metric'] == 'delta_ssdc') & (d['stage'] == 'trained')]
+    clean, fs = _sweep_rows(df, condition, 'acc'), _sweep_rows(df, condition, 'fs')
     p = PAPER_ALPHA.get(condition, {})
     pd_, pf = dict(zip(p.get('alpha', []), p.get('delta_ssdc', []))), dict(zip(p.get('alpha', []), p.get('fs_jpeg', [])))
-    rows = []
-    for a in sorted(s['alpha'].unique(), reverse=True):
-        d = s[s['alpha'] == a]
-        rows.append({'α': f"{a:.1f}", 'ΔSSDC (RPI)': fmt_mean_sd(*seed_stats(d[d['metric'] == 'delta_ssdc']['value'])[:2]),
-                     'JPEG FS': fmt_mean_sd(*seed_stats(d[d['metric'] == 'fs']['value'])[:2]),
+    chance, rows, marked = chance_level(df, num_classes), [], 0
+    for a in sorted(set(delta['alpha']) | set(clean['alpha']) | set(fs['alpha']), reverse=True):
+        acc = clean[clean['alpha'] == a]['value']
+        low = bool(len(acc) and near_chance(acc.mean(), chance))
+        marked += low
+        rows.append({'α': f"{a:.1f}", 'ΔSSDC (RPI)': fmt_mean_sd(*seed_stats(delta[delta['alpha'] == a]['value'])[:2]),
+                     'clean acc': fmt_mean_sd(*seed_stats(acc)[:2]),
+                     'JPEG FS': fmt_mean_sd(*seed_stats(fs[fs['alpha'] == a]['value'])[:2]) + (' †' if low else ''),
                      'paper ΔSSDC': fmt_mean_sd(pd_.get(a, float('nan')), None), 'paper FS': fmt_mean_sd(pf.get(a, float('nan')), None)})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs['note'] = _chance_note(chance, marked, 'JPEG FS')
+    return out
 
 # %% ../nbs/10_report.ipynb #3e5db859
 @dataclass
@@ -320,41 +358,47 @@ class NotTestable(Exception):
 
 # %% ../nbs/10_report.ipynb #34e5c531
 def _check_near_zero(cond, tol):
-    def f(df):
+    def f(df, chance=math.nan):
         c = _curve(df, cond, _rpi_mode(df))
         if c.empty: raise KeyError(cond)
         return _yes_no(c.abs().max() <= tol), f"max |RPI SSDC| over layers = {_fmt3(c.abs().max())} (tolerance {tol})"
     return f
 
-def _check_ape_anchor(df):
+def _check_ape_anchor(df, chance=math.nan):
     c = _curve(df, 'ape', _rpi_mode(df))
     if len(c) < 2: raise KeyError('ape')
     d = c.iloc[1] - c.iloc[0]
     return _yes_no(abs(c.iloc[0]) <= .05 and d > .1), f"RPI SSDC layer 0 = {_fmt3(c.iloc[0])}, ΔSSDC = {_fmt3(d)} (|l0| ≤ 0.05, Δ > 0.1)"
 
-def _check_spe_input(df):
+def _check_spe_input(df, chance=math.nan):
     c = _curve(df, 'spe', _rpi_mode(df))
     if c.empty: raise KeyError('spe')
     return _yes_no(c.iloc[0] > .05), f"RPI SSDC layer 0 = {_fmt3(c.iloc[0])} (> 0.05)"
 
-def _check_rope_gradual(df):
+def _check_rope_gradual(df, chance=math.nan):
     c = _curve(df, 'rope', _rpi_mode(df))
     if len(c) < 3: raise KeyError('rope')
     early, last = c.iloc[:2].abs().max(), c.iloc[-1]
     return _yes_no(early <= .05 and last > early + .05), \
         f"max |RPI SSDC| layers 0-1 = {_fmt3(early)}, last layer = {_fmt3(last)} (early ≤ 0.05, last > early + 0.05)"
 
-def _check_static_prior(df):
+def _check_static_prior(df, chance=math.nan):
     c = _curve(df, 'nope', 'normal', 'untrained')
     if c.empty: raise KeyError('nope untrained')
     return _yes_no(c.min() > .1), f"untrained NoPE SSDC min over layers = {_fmt3(c.min())} (> 0.1)"
 
-def _check_unpermuted_uninformative(df):
+def _check_unpermuted_uninformative(df, chance=math.nan):
     c = _curve(df, 'nope', 'normal')
     if c.empty: raise KeyError('nope')
     return _yes_no(c.iloc[-1] > .3), f"trained NoPE unpermuted SSDC, last layer = {_fmt3(c.iloc[-1])} (> 0.3)"
 
-def _check_fragile(df, *conds):
+def _check_fragile(df, chance, *conds):
+    "JPEG FS of `conds`; not testable where a clean accuracy is near chance (FS means nothing) or an FS is within noise of 0."
+    accs = {c: _acc_measure(df, c) for c in conds}
+    low = [c for c, a in accs.items() if near_chance(a.mean, chance)]
+    if low: raise NotTestable(f"FS is not meaningful near chance: clean accuracy of "
+                              f"{', '.join(f'{condition_label(c)} {accs[c]}' for c in low)} is below "
+                              f"{FS_CHANCE_FACTOR:g} × chance = {FS_CHANCE_FACTOR * chance:.3f}")
     ms = {c: _fs_measure(df, c) for c in conds}
     quiet = [c for c, m in ms.items() if not _above_noise(m)]
     if quiet: raise NotTestable(f"JPEG FS of {', '.join(condition_label(c) for c in quiet)} is within noise of 0 "
@@ -362,36 +406,36 @@ def _check_fragile(df, *conds):
     return ms
 
 # %% ../nbs/10_report.ipynb #5ddfa777
-def _check_nope_fragile(df):
-    m = _check_fragile(df, 'nope', 'ape')
+def _check_nope_fragile(df, chance=math.nan):
+    m = _check_fragile(df, chance, 'nope', 'ape')
     return _WORD[_order(m['nope'], m['ape'])], f"JPEG FS NoPE = {m['nope']}, APE = {m['ape']}"
 
-def _check_rope_robust(df):
-    m = _check_fragile(df, 'rope', 'ape', 'spe')
+def _check_rope_robust(df, chance=math.nan):
+    m = _check_fragile(df, chance, 'rope', 'ape', 'spe')
     o = [_order(m['ape'], m['rope']), _order(m['spe'], m['rope'])]
     return _WORD[1 if all(v == 1 for v in o) else -1 if -1 in o else 0], \
         f"JPEG FS RoPE = {m['rope']}, APE = {m['ape']}, SPE = {m['spe']}"
 
-def _check_rpt_like_nope(df):
-    m = _check_fragile(df, 'rpt', 'nope', 'ape')
+def _check_rpt_like_nope(df, chance=math.nan):
+    m = _check_fragile(df, chance, 'rpt', 'nope', 'ape')
     t, n, a = m['rpt'], m['nope'], m['ape']
     gap = abs(t.mean - a.mean) - abs(t.mean - n.mean)
     noise = 2 * math.sqrt(np.nansum([x.spread ** 2 for x in (t, n, a)]))
     return _WORD[1 if gap > noise else -1 if gap < -noise else 0], f"JPEG FS RPT = {t}, NoPE = {n}, APE = {a}"
 
-def _check_pe_helps(df):
+def _check_pe_helps(df, chance=math.nan):
     n = _acc_measure(df, 'nope'); others = {c: _acc_measure(df, c) for c in ('ape', 'spe', 'rope')}
     o = [_order(v, n) for v in others.values()]
     return _WORD[1 if all(v == 1 for v in o) else -1 if -1 in o else 0], \
         "clean acc " + ", ".join(f"{condition_label(c)} {v}" for c, v in others.items()) + f", NoPE {n}"
 
-def _check_anchored_at_one(df):
+def _check_anchored_at_one(df, chance=math.nan):
     d1 = _delta_measure(df, 'ape', _rpi_mode(df), alpha=1.)
     if d1.mean < .1 or _order(d1, Measure(0., 0., d1.n_seeds)) != 1:
         raise NotTestable(f"the APE is not anchored at α = 1 (ΔSSDC {d1}; needs ≥ 0.1 above noise): "
                           "there is no anchoring to scale away")
 
-def _check_alpha_delta(df):
+def _check_alpha_delta(df, chance=math.nan):
     s = _sweep(df, 'ape', 'delta_ssdc')
     if len(s) < 3: raise KeyError('alpha')
     _check_anchored_at_one(df)
@@ -400,20 +444,27 @@ def _check_alpha_delta(df):
     return _yes_no(rho > .8 and (low.empty or low.abs().max() <= .05)), \
         f"Spearman(α, ΔSSDC) = {_fmt3(rho)}, max |ΔSSDC| at α ≤ 0.4 = {_fmt3(low.abs().max() if len(low) else float('nan'))} (ρ > 0.8, ≤ 0.05)"
 
-def _check_alpha_fs(df):
+def _check_alpha_fs(df, chance=math.nan):
     s = _sweep(df, 'ape', 'fs')
     if len(s) < 3: raise KeyError('alpha')
     _check_anchored_at_one(df)
+    clean = _sweep(df, 'ape', 'acc')
+    low = [a for a in s.index if near_chance(clean.get(a, math.nan), chance)]          # FS means nothing there: left out
+    skipped = (f"; α = {', '.join(f'{a:.1f}' for a in sorted(low, reverse=True))} left out (clean accuracy below "
+               f"{FS_CHANCE_FACTOR:g} × chance = {FS_CHANCE_FACTOR * chance:.3f}: FS not meaningful)" if low else '')
+    s = s.drop(low)
+    if len(s) < 3: raise NotTestable(f"fewer than 3 α values with clean accuracy above {FS_CHANCE_FACTOR:g} × chance{skipped}")
     a_hi, a_lo = float(s.index.max()), float(s.index.min())
     top, bottom = _fs_measure(df, 'ape', alpha=a_hi), _fs_measure(df, 'ape', alpha=a_lo)
     if _order(bottom, top) == 0:
-        raise NotTestable(f"JPEG FS moves within noise over the sweep ({top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f})")
+        raise NotTestable(f"JPEG FS moves within noise over the sweep ({top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f}){skipped}")
     rho = stats.spearmanr(s.index, s.values).statistic
-    return _yes_no(rho < -.8), f"Spearman(α, JPEG FS) = {_fmt3(rho)} (< −0.8); FS {top} at α = {a_hi:.1f}, {bottom} at α = {a_lo:.1f}"
+    return _yes_no(rho < -.8), (f"Spearman(α, JPEG FS) = {_fmt3(rho)} (< −0.8); FS {top} at α = {a_hi:.1f}, {bottom} at "
+                                f"α = {a_lo:.1f}{skipped}")
 
 # %% ../nbs/10_report.ipynb #82d470cb
 def _claims() -> list[tuple[str, str, Callable]]:
-    "(claim, paper evidence, check(df) -> (verdict, our evidence)); checks raise KeyError when n/a, NotTestable when moot."
+    "(claim, paper evidence, check(df, chance) -> (verdict, our evidence)); checks raise KeyError when n/a, NotTestable when moot."
     return [
         ("Without a PE, spatial structure is content-derived: NoPE's SSDC under RPI is ≈ 0 at every layer.",
          "NoPE RPI SSDC .001–.007", _check_near_zero('nope', .03)),
@@ -444,30 +495,73 @@ def _claims() -> list[tuple[str, str, Callable]]:
     ]
 
 # %% ../nbs/10_report.ipynb #3e756280
-def verdicts(df: pd.DataFrame) -> pd.DataFrame:
+def verdicts(df: pd.DataFrame, num_classes: int | None = None) -> pd.DataFrame:
     "One row per claim: the claim, the paper's evidence, ours, and the verdict (yes / no / inconclusive / not testable / n/a)."
-    rows = []
+    chance, rows = chance_level(df, num_classes), []                 # FS near chance is left out (`results.near_chance`)
     for claim, paper, check in _claims():
-        try: verdict, ours = check(df)
+        try: verdict, ours = check(df, chance)
         except NotTestable as e: verdict, ours = 'not testable', str(e)
         except (KeyError, ValueError, IndexError): verdict, ours = 'n/a', 'not measured in this experiment'
         rows.append(dict(claim=claim, paper=paper, ours=ours, verdict=verdict))
     return pd.DataFrame(rows)
 
+def compare_verdicts(old: pd.DataFrame, new: pd.DataFrame, labels: tuple[str, str] = ('one seed', 'three seeds'),
+                     num_classes: int | None = None) -> pd.DataFrame:
+    "The verdicts of two results tables side by side: per claim each verdict, whether it changed, and each evidence."
+    if len(labels) != 2 or labels[0] == labels[1]: raise ValueError(f"labels must be two different names, got {labels!r}")
+    a, b = verdicts(old, num_classes), verdicts(new, num_classes)
+    (x, y) = labels
+    return pd.DataFrame({'claim': a['claim'], 'paper': a['paper'], f'verdict ({x})': a['verdict'], f'verdict ({y})': b['verdict'],
+                         'changed': np.where(a['verdict'] != b['verdict'], 'yes', ''), f'ours ({x})': a['ours'],
+                         f'ours ({y})': b['ours']})
+
 # %% ../nbs/10_report.ipynb #cf64bdd0
+def _rpi_rows(df, condition, metric, mode) -> pd.DataFrame:
+    d = main_rows(df)
+    return d[(d['condition'] == condition) & (d['stage'] == 'trained') & (d['mode'] == mode) & (d['metric'] == metric)]
+
+def _peak_measure(df, condition, mode='rpi') -> tuple[Measure, list[int]]:
+    "Peak RPI-SSDC (mean ± SD over seeds, or one run's SE over its draws at the peak layer) and each seed's peak layer."
+    d = pd.concat([_rpi_rows(df, condition, ssdc_metric(mode), mode), _rpi_rows(df, condition, PEAK_METRIC, mode)])
+    d = with_peak_rpi(d)                                       # the table's own peak rows, else derived here
+    d = d[d['metric'] == PEAK_METRIC].sort_values('seed')
+    if d.empty: raise KeyError(f'peak {condition}')
+    layers = [int(l) for l in d['layer']]
+    if len(d) > 1: return Measure(float(d['value'].mean()), float(d['value'].std()), len(d)), layers
+    k = _first(d, 'n_perms')
+    return Measure(_first(d, 'value'), _first(d, 'sd') / math.sqrt(k) if k > 0 else math.nan, 1), layers
+
 def table_rpi(df: pd.DataFrame) -> pd.DataFrame:
-    """SSDC under RPI per condition at the input, after block 0 and at the last layer, with ΔSSDC (± SD over seeds,
-    or one seed's standard error over draws) and the unpermuted last layer: how much structure is anchored to indices."""
+    """SSDC under RPI per condition at the input, after block 0 and at the last layer, ΔSSDC, the peak over layers and where
+    (± SD over seeds, or one seed's standard error over draws), and the unpermuted last layer."""
     mode, rows = _rpi_mode(df), []
     for c in condition_order(main_rows(df)['condition']):
-        rpi, plain = _curve(df, c, mode), _curve(df, c, 'normal')
+        rpi = _rpi_rows(df, c, ssdc_metric(mode), mode)
         if rpi.empty: continue
+        last = int(rpi['layer'].max())
+        at = lambda l: _fmt_seeds(rpi[rpi['layer'] == l]['value'])
         try: delta = str(_delta_measure(df, c, mode))
         except KeyError: delta = '–'
-        rows.append({'condition': condition_label(c), 'layer 0': _fmt3(rpi.get(0)), 'layer 1': _fmt3(rpi.get(1)),
-                     'last layer': _fmt3(rpi.iloc[-1]), 'ΔSSDC': delta,
-                     'unpermuted, last layer': _fmt3(plain.iloc[-1]) if len(plain) else '–'})
+        try: peak, layers = _peak_measure(df, c, mode)
+        except KeyError: peak, layers = '–', ['–']                 # no finite value on the curve
+        plain = _rpi_rows(df, c, 'ssdc', 'normal')
+        rows.append({'condition': condition_label(c), 'seeds': rpi['seed'].nunique(), 'layer 0': at(0), 'layer 1': at(1),
+                     'last layer': at(last), 'ΔSSDC': delta, 'peak': str(peak),
+                     'peak layer': ' / '.join(map(str, layers)) if len(set(layers)) > 1 else str(layers[0]),
+                     'unpermuted, last layer': _fmt_seeds(plain[plain['layer'] == plain['layer'].max()]['value'])})
     return pd.DataFrame(rows)
+
+def rpi_summary(df: pd.DataFrame) -> list[str]:
+    "Lines to print: per condition ΔSSDC and the peak RPI-SSDC with its layer, then what ± means."
+    t = table_rpi(df)
+    if t.empty: return []
+    d, mode = main_rows(df), _rpi_mode(df)
+    depth = int(d[(d['metric'] == ssdc_metric(mode)) & (d['mode'] == mode)]['layer'].max()) + 1
+    w = max(map(len, t['condition']))
+    lines = [f"{r['condition']:>{w}}: ΔSSDC {r['ΔSSDC']}, peak RPI-SSDC {r['peak']} at layer {r['peak layer']} (of 0–{depth - 1})"
+             for _, r in t.iterrows()]
+    n = int(t['seeds'].max())
+    return lines + [f"(±: SD over {n} seeds)" if n > 1 else "(±: one run's standard error over its permutation draws)"]
 
 # %% ../nbs/10_report.ipynb #50777748
 def md_table(df: pd.DataFrame) -> str:
@@ -498,13 +592,22 @@ def _save(fig, dest: Path, name: str) -> str:
     plt.close(fig)
     return f"figures/{name}.png"
 
+# `experiment.Experiment`'s defaults of the fields a report states: what an experiment file without one meant by it
+EXPERIMENT_DEFAULTS = dict(data='digits', data_kwargs={}, model=None, recipe='fast', train_kwargs={}, ssdc_images=1000,
+                           n_perms=N_PERMS, rpi_mode='rpi')
+
+def _with_defaults(exp: dict | None) -> dict | None:
+    return None if exp is None else {**EXPERIMENT_DEFAULTS, **exp}
+
 def report_meta(path: str | Path) -> dict:
-    "What a report states besides the numbers, from an experiment directory or the `meta.json` beside a results CSV."
+    """What a report states besides the numbers, from an experiment directory or the `meta.json` beside a results CSV;
+    experiment fields an older file lacks read as their defaults (`EXPERIMENT_DEFAULTS`)."""
     p = Path(path)
     if p.is_file():
         side = p.with_name('meta.json')
-        return read_json(side) if side.exists() else {}
-    exp = read_json(p / 'experiment.json') if (p / 'experiment.json').exists() else None
+        meta = read_json(side) if side.exists() else {}
+        return {**meta, 'experiment': _with_defaults(meta['experiment'])} if meta.get('experiment') else meta
+    exp = _with_defaults(read_json(p / 'experiment.json')) if (p / 'experiment.json').exists() else None
     if exp and 'path' in (exp.get('data_kwargs') or {}):                # the data's name, not this machine's path
         exp = {**exp, 'data_kwargs': {**exp['data_kwargs'], 'path': Path(str(exp['data_kwargs']['path'])).name}}
     meta = dict(experiment=exp, runs=[read_json(f) for f in sorted((p / 'runs').glob('*/run.json'))],
@@ -512,12 +615,15 @@ def report_meta(path: str | Path) -> dict:
     if (p / 'ssdc_sample.json').exists():
         s = read_json(p / 'ssdc_sample.json')
         meta['ssdc_sample'] = {k: v for k, v in s.items() if k != 'indices'}
+    ks = {read_json(f).get('num_classes') for f in sorted((p / 'runs').glob('*/train/config.json'))} - {None}
+    if len(ks) == 1: meta['num_classes'] = ks.pop()                # the runs' own: chance for the FS rule
     return meta
 
 # %% ../nbs/10_report.ipynb #b129a9cd
 def write_report(results: str | Path | pd.DataFrame,   # an experiment directory, a results CSV, or a table
                  dest: str | Path | None = None,       # default: <experiment dir>/report
                  title: str | None = None,
+                 num_classes: int | None = None,       # for chance (the FS rule); default: the runs' own, else the dataset's
                 ) -> Path:
     "Regenerate the paper's figures and tables from an experiment, with verdicts; returns the report's markdown path."
     import matplotlib
@@ -529,7 +635,8 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
         df, meta = load_results(p), report_meta(p)               # read-only: the report never writes the runs
         if dest is None and p.is_dir(): dest = p / 'report'
     if dest is None: raise ValueError("dest is needed when results is a table or a CSV")
-    exp, runs = meta.get('experiment'), meta.get('runs') or []
+    exp, runs = _with_defaults(meta.get('experiment')), meta.get('runs') or []
+    K = num_classes or meta.get('num_classes')
     dest = Path(dest); (dest / 'figures').mkdir(parents=True, exist_ok=True)
     name = title or (exp or {}).get('name') or str(df['experiment'].iloc[0] if 'experiment' in df else df['dataset'].iloc[0])
     b = [('h1', f"pe_anchors report: {name}")]
@@ -546,28 +653,35 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
                     f"{max(s['per_class'])} per class, indices sha1 {s['sha1'][:12]}), the same for every run")
     b.append(('p', f"Setting: {setting}."))
     if runs:
-        hw = sorted({r['hardware'] for r in runs})
-        total = sum(r['train_and_init_s'] + r['eval_s'] for r in runs)
-        b.append(('p', f"Hardware: {'; '.join(hw)}. Wall time of the {len(runs)} run(s): {total / 60:.1f} min "
-                       f"(training {sum(r['train_and_init_s'] for r in runs) / 60:.1f} min)."))
+        hw = sorted({str(r.get('hardware', 'not recorded')) for r in runs})
+        fit, ev = (sum(r.get(k) or 0. for r in runs) for k in ('train_and_init_s', 'eval_s'))
+        b.append(('p', f"Hardware: {'; '.join(hw)}. Wall time of the {len(runs)} run(s): {(fit + ev) / 60:.1f} min "
+                       f"(training {fit / 60:.1f} min)."))
     b.append(('p', f"Reference values are the paper's ({PAPER_LABEL}); on other data and models they show the expected "
                    "shape of each result, not numbers to match."))
-    v = verdicts(df)
+    v = verdicts(df, K)
     b += [('h2', 'Verdicts'), ('table', v) if (v['verdict'] != 'n/a').any()
           else ('p', "None of the paper's claims concerns the conditions of this experiment.")]
-    if _has(df, mode=_rpi_mode(df)): b += [('h2', 'SSDC under RPI, by condition'), ('table', table_rpi(df))]
+    if _has(df, mode=_rpi_mode(df)):
+        b += [('h2', 'SSDC under RPI, by condition'), ('table', table_rpi(df)),
+              ('p', "ΔSSDC = SSDC₁ − SSDC₀ under RPI (the paper's metric); peak: the largest RPI SSDC over layers (mean over "
+                    "seeds of each run's peak) and the layer where it occurs (per seed when they differ), which also shows "
+                    "index-anchored structure built after block 0.")]
     figs = [('Figure 1: static prior', 'fig1', fig1, dict(condition='nope', stage='untrained')),
             ('Figure 2: SSDC under RPI', 'fig2', fig2, dict(mode='rpi')),
             ('Figure 3: fragility', 'fig3', fig3, dict(metric='fs')),
             ('Figure 4: SSDC unpermuted', 'fig4', fig4, dict(mode='normal', stage='trained')),
             ('Figure 5: RPT', 'fig5', fig5, dict(condition='rpt', mode='rpi'))]
     b.append(('h2', 'Table 5: accuracy and fragility'))
-    b.append(('table', table5(df)) if _has(df, metric='fs') else ('p', 'not measured'))
+    if _has(df, metric='fs'):
+        t5 = table5(df, K); b += [('table', t5), ('p', t5.attrs['note'])]
+    else: b.append(('p', 'not measured'))
     if meta.get('shifts'):
         b.append(('p', 'Shifts at this resolution: ' + '; '.join(f"{k}: {v}" for k, v in meta['shifts'].items()) + '.'))
     for c, label in (('ape', 'Tables 1 and 3: α sweep, APE'), ('spe', 'Table 4: α sweep, SPE')):
-        if not alpha_rows(df)[lambda d: d['condition'] == c].empty: b += [('h2', label), ('table', table_alpha(df, c))]
-    figs += [('α sweep', 'fig_alpha', fig_alpha, dict(sweep='alpha')),
+        if not alpha_rows(df)[lambda d: d['condition'] == c].empty:
+            ta = table_alpha(df, c, K); b += [('h2', label), ('table', ta), ('p', ta.attrs['note'])]
+    figs += [('α sweep', 'fig_alpha', lambda d: fig_alpha(d, K), dict(sweep='alpha')),
              ('ImageNet-C severities', 'fig_severity', fig_severity, dict(severity=[str(i) for i in range(1, 6)]))]
     for heading, fname, fn, need in figs:
         if not _has(df, **need, all_rows=True): continue
