@@ -4,85 +4,42 @@
 
 # %% ../nbs/15_atlas.ipynb #f53ffa15
 from __future__ import annotations
-import math
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
 from .core import N_PERMS, check_choice, pbar
+from .anatomy import anatomy
 from .data import ImageData, image_folder, stratified_sample
-from .ssdc import SSDCAccumulator
-from .vit import TokenPermutation
-from .interventions import spread
+from .interventions import measure_ssdc
 from .results import write_results
 
 # %% auto #0
-__all__ = ['norm1_taps', 'block_ssdc', 'atlas', 'plot_atlas']
+__all__ = ['block_ssdc', 'atlas', 'plot_atlas']
 
 # %% ../nbs/15_atlas.ipynb #b16b24ac
-def norm1_taps(model: nn.Module) -> list[str]:
-    "Names of the blocks' first LayerNorms (`...blocks.<i>.norm1`), in forward order: ViT, Eva, BEiT, Swin."
-    names = [n for n, _ in model.named_modules() if n.endswith('.norm1') and '.blocks.' in f'.{n}']
-    if not names: raise ValueError(f"{type(model).__name__} has no `blocks.<i>.norm1`: not a ViT / Eva / BEiT / Swin")
-    return names
-
-def _tokens(out: torch.Tensor, model: nn.Module) -> tuple[torch.Tensor, tuple[int, int]]:
-    "Patch tokens `(B, N, C)` and their grid from a tap's output: NHWC (Swin) or tokens with prefix ones."
-    if out.ndim == 4: return out.flatten(1, 2), (out.shape[1], out.shape[2])
-    p = int(getattr(model, 'num_prefix_tokens', 0))
-    n = out.shape[1] - p
-    g = tuple(int(v) for v in getattr(model.patch_embed, 'grid_size', (0, 0)))
-    if g[0] * g[1] != n:
-        if math.isqrt(n) ** 2 != n: raise ValueError(f"cannot tell the grid of {n} patch tokens")
-        g = (math.isqrt(n),) * 2
-    return out[:, p:], g
-
-@torch.no_grad()
 def block_ssdc(model: nn.Module,
                batches: Iterable,                    # re-iterable normalised image batches at the model's input size
                mode: str = 'normal',                 # 'normal' or 'rpi' (one permutation per draw)
                n_perms: int = N_PERMS,
                perm_seed: int = 0,
+               **meta,                               # extra columns (dataset, ...)
               ) -> pd.DataFrame:
-    "SSDC of every block's attention input (LN1 output, each on its own grid), unpermuted or under RPI: mean and SD over draws."
-    check_choice('mode', mode, ('normal', 'rpi'))
-    taps, mods = norm1_taps(model), dict(model.named_modules())
-    was, device = model.training, next(model.parameters()).device
-    model.eval()
-    draws = []
-    try:
-        for k in range(1 if mode == 'normal' else n_perms):
-            accs, handles = {}, []
-            def hook(name):
-                def f(m, i, out):
-                    t, g = _tokens(out, model)
-                    accs.setdefault(name, SSDCAccumulator(g)).update(t.float())
-                return f
-            handles = [mods[n].register_forward_hook(hook(n)) for n in taps]
-            perm = TokenPermutation(model, mode='draw', seed=perm_seed + k) if mode == 'rpi' else None
-            try:
-                if perm: perm.attach()
-                for x in batches: model(x.to(device))
-            finally:
-                for h in handles: h.remove()
-                if perm: perm.detach()
-            draws.append([float(accs[n].compute()[0]) for n in taps])
-    finally: model.train(was)
-    s = spread(np.array(draws))
-    L = len(taps)
-    return pd.DataFrame(dict(layer=range(L), depth=np.arange(L) / max(L - 1, 1), tap=taps, mode=mode, value=s['value'],
-                             sd=s['sd'], n_perms=len(draws) if mode == 'rpi' else 0))
+    "`measure_ssdc` of every block's attention input as results rows, with each block's relative `depth` and `tap` name."
+    a = anatomy(model)
+    df = measure_ssdc(model, batches, check_choice('mode', mode, ('normal', 'rpi')), n_perms, perm_seed,
+                      show_progress=False).to_frame(**meta)
+    return df.assign(depth=df['layer'] / max(a.depth - 1, 1), tap=[a.tap_names[l] for l in df['layer']])
 
 # %% ../nbs/15_atlas.ipynb #4957682a
 def _model_batches(model: nn.Module, data: ImageData | str | Path, n_images: int, bs: int, seed: int) -> list[torch.Tensor]:
     "A class-stratified sample of `n_images` validation images at the model's input size and normalisation."
     from timm.data import resolve_model_data_config
     cfg = resolve_model_data_config(model)
-    size = int((getattr(model.patch_embed, 'img_size', None) or cfg['input_size'][1:])[-1])   # the model's own size
+    size = anatomy(model).img_size[-1]                                  # the model's own size
     if not isinstance(data, ImageData) or data.img_size != size or tuple(data.mean) != tuple(cfg['mean']):
         root = data if not isinstance(data, ImageData) else data.spec.get('path')
         if root is None: raise ValueError(f"the model wants {size} px images normalised by its own statistics: pass an image folder")
@@ -109,8 +66,7 @@ def atlas(models: Sequence[str] | Mapping[str, nn.Module],  # timm names (create
     for name, model in pbar(items, show=show_progress, comment='models'):
         if model is None: model = timm.create_model(name, pretrained=pretrained, **(model_kwargs or {}))
         batches = _model_batches(model, data, n_images, bs, seed)
-        for mode in ('normal', 'rpi'):
-            frames.append(block_ssdc(model, batches, mode, n_perms, perm_seed=seed).assign(model=name, n_images=n_images))
+        for mode in ('normal', 'rpi'): frames.append(block_ssdc(model, batches, mode, n_perms, perm_seed=seed).assign(model=name))
     df = pd.concat(frames, ignore_index=True)
     if out is not None:
         out = Path(out); out.mkdir(parents=True, exist_ok=True)

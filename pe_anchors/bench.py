@@ -15,13 +15,14 @@ import timm
 from fastai.callback.core import Callback, CancelFitException
 from fastai.torch_core import set_seed
 
-from .core import default_device, grid_hw, hardware_info, sync
 import pandas as pd
+from .core import default_device, grid_hw, hardware_info, sync
+from .anatomy import anatomy
 from .pos_embed import PE_NAMES, sincos_2d
-from .ssdc import SSDCAccumulator, _neg_pair_distance, spearman
+from .ssdc import SSDCAccumulator, grid_distance, spearman, upper_pairs
 from .data import ImageData, ImageSplit
 from .learner import Recipe, SoftTargetCE, get_recipe, pe_learner, wd_param_groups
-from .robustness import BlockShuffle, JPEG, PatchMask, make_shift, _check_images, _jpeg_pil, _smooth_images
+from .robustness import BlockShuffle, JPEG, PatchMask, make_shift, check_images, jpeg_pil, smooth_images
 
 # %% auto #0
 __all__ = ['bench_ssdc', 'bench_train', 'bench_shifts', 'gpu_check']
@@ -35,12 +36,12 @@ def _peak_rss_mb() -> float | None:
 
 def _bench_batches(n_images, n_layers, grid, dim, batch_size, seed, device):
     "Deterministic feature batches (L, B, N, C): Gaussian content + a layer-weighted smooth sin-cos field."
-    pe = sincos_2d(grid, dim).to(device)                                          # (N, C)
+    table = sincos_2d(grid, dim).to(device)                                       # (N, C)
     w = torch.linspace(.2, 1.5, n_layers, device=device)[:, None, None, None]      # (L, 1, 1, 1)
     for i, s in enumerate(range(0, n_images, batch_size)):
         g = torch.Generator(device=device).manual_seed(seed * 100_003 + i)
         b = min(batch_size, n_images - s)
-        yield torch.randn(n_layers, b, pe.shape[0], dim, generator=g, device=device) + w * pe
+        yield torch.randn(n_layers, b, table.shape[0], dim, generator=g, device=device) + w * table
 
 def _naive_pairs(feats: np.ndarray) -> np.ndarray: # (L, B, N, C) -> (L, B, P): numpy cosine matrices, upper triangle
     iu = np.triu_indices(feats.shape[2], 1)
@@ -80,7 +81,7 @@ def bench_ssdc(n_images: int = 1000,
 def _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images, seed) -> dict:
     n_tokens, load_before, hw = grid[0] * grid[1], os.getloadavg()[0], hardware_info(device)
     if device.type == 'cuda': torch.cuda.reset_peak_memory_stats(device)
-    neg_d = _neg_pair_distance(grid, 'manhattan', 'cpu').numpy()
+    neg_d = -upper_pairs(grid_distance(grid)).numpy()             # minus the grid distance of each pair
     acc, naive, t = SSDCAccumulator(grid, per_image=True), [], dict(batched=0., naive=0., rank_batched=0., rank_naive=0.)
     for f in _bench_batches(n_images, n_layers, grid, dim, batch_size, seed, device):   # each batch feeds both paths
         sync(device); t0 = time.perf_counter()
@@ -94,7 +95,7 @@ def _bench_ssdc(n_images, n_layers, grid, dim, batch_size, device, naive_images,
         t['naive'] += t2 - t0; t['rank_naive'] += t2 - t1
         p = torch.from_numpy(pairs).to(device)                          # the Spearman stage alone, same pair vectors
         sync(device); t0 = time.perf_counter()
-        spearman(p, _neg_pair_distance(grid, 'manhattan', str(device)))
+        spearman(p, -upper_pairs(grid_distance(grid, device=device)))
         sync(device); t['rank_batched'] += time.perf_counter() - t0
     t0 = time.perf_counter(); mean_ssdc = acc.compute(); sync(device); t['batched'] += time.perf_counter() - t0
     naive = np.concatenate(naive, axis=1)
@@ -201,7 +202,7 @@ def bench_train(model: str = 'pe_vit_nano_patch1_8',
                ):
     "Training img/s: plain PyTorch loop vs the pe_anchors Learner (same model, batch, dtype, data), RPT on/off, per PE."
     device = default_device(device)
-    img = timm.create_model(model, **(model_kwargs or {})).patch_embed.img_size[0]
+    img = anatomy(timm.create_model(model, **(model_kwargs or {}))).img_size[0]
     data = _synthetic(img, bs * (steps + warmup), 10, device)
     r = get_recipe('fast', bs=bs, compile=compile, aug='none', label_smoothing=0.1)
     pes = tuple(PE_NAMES) if pes is None else tuple(pes)
@@ -263,7 +264,7 @@ def bench_shifts(images: torch.Tensor | None = None, # uint8 (N, 3, S, S); defau
                  baselines: bool = True, repeats: int = 3,
                 ) -> dict:
     "Throughput (images/s) of shifted-set generation per shift and device, with the PIL / torchvision baselines."
-    x = _check_images(images) if images is not None else _smooth_images(n_images, img_size)
+    x = check_images(images) if images is not None else smooth_images(n_images, img_size)
     S = x.shape[-1]
     devices = list(devices or (['cpu'] + (['cuda'] if torch.cuda.is_available() else [])))
     cases = {'jpeg q5 (torchvision)': JPEG(5),
@@ -283,7 +284,7 @@ def bench_shifts(images: torch.Tensor | None = None, # uint8 (N, 3, S, S); defau
     if baselines:
         b = make_shift('blur', 'paper', S), make_shift('blur', 5, S)
         from torchvision.transforms.v2.functional import gaussian_blur
-        base = {'jpeg q5 (PIL loop)': lambda t: _jpeg_pil(t, 5),
+        base = {'jpeg q5 (PIL loop)': lambda t: jpeg_pil(t, 5),
                 'blur paper (torchvision 2-D)': lambda t: gaussian_blur(t, [b[0].kernel_size] * 2, [b[0].sigma] * 2),
                 'blur IN-C s5 (torchvision 2-D)': lambda t: gaussian_blur(t, [b[1].kernel_size] * 2, [b[1].sigma] * 2)}
         for name, fn in base.items():
@@ -330,8 +331,9 @@ def gpu_check(out: str | Path = 'gpu_check',     # output folder (created)
         if smoke: exp = preset('digits', name='gpu-check-smoke', conditions=['ape', 'nope'], train_kwargs=dict(epochs=1),
                                ssdc_images=64, n_perms=2, alphas=[1., .5], model_kwargs=dict(depth=2), untrained=False)
         else:
-            path = data_path or os.environ.get('PE_ANCHORS_CIFAR10')
-            if not path: raise ValueError("no CIFAR-10: pass data_path or set PE_ANCHORS_CIFAR10")
+            from pe_anchors.data import DATA_PATH_ENV, data_path as located
+            path = located('cifar10', data_path)
+            if not path: raise ValueError(f"no CIFAR-10: pass data_path or set {DATA_PATH_ENV['cifar10']}")
             exp = preset('cifar10', data_kwargs=dict(path=path))
         df = run_experiment(exp, out / exp.name, device=str(device), show=False, verbose=True)
         write_report(out / exp.name)

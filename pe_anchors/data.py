@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_data.ipynb #cc1cbb2b
 from __future__ import annotations
-import logging, math, os
+import inspect, logging, math, os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +21,10 @@ from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, default_device, dis
 
 
 # %% auto #0
-__all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'DATASETS',
-           'translate_flip', 'resized_crop', 'random_boxes', 'BatchAug', 'decode_file', 'ImageSplit', 'ImageDL',
-           'ImageLoaders', 'ImageData', 'image_folder', 'imagenet100', 'cifar10', 'digits', 'get_data',
-           'stratified_sample']
+__all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'DATA_PATH_ENV',
+           'DATASETS', 'translate_flip', 'resized_crop', 'random_boxes', 'Normalize', 'BatchAug', 'decode_file',
+           'ImageSplit', 'ImageDL', 'ImageLoaders', 'ImageData', 'image_folder', 'imagenet100', 'data_path', 'cifar10',
+           'digits', 'get_data', 'takes_path', 'stratified_sample']
 
 # %% ../nbs/03_data.ipynb #c07fe4ea
 # ImageNet-100 as defined by the CMC paper's class file: Tian, Krishnan & Isola, "Contrastive Multiview Coding",
@@ -86,6 +86,25 @@ def random_boxes(n: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), device=None) -
     return torch.stack([cx, cy, w, h], 1)
 
 # %% ../nbs/03_data.ipynb #4f52825d
+class Normalize:
+    "uint8 (or 0..255 float) images `(B, C, H, W)` to float32 `(x/255 - mean) / std`, on the images' device."
+    def __init__(self, mean: Sequence[float], std: Sequence[float]): # per channel, 0..1 scale
+        try: mean, std = (tuple(float(v) for v in np.atleast_1d(a)) for a in (mean, std))
+        except (TypeError, ValueError): raise ValueError(f"mean and std must be numbers per channel, got {mean!r}, {std!r}") from None
+        if len(mean) != len(std) or any(not s > 0 for s in std):
+            raise ValueError(f"normalisation needs mean and std of equal length with std > 0, got {mean}, {std}")
+        self.mean, self.std = mean, std
+        self._stats = {}                                               # per-device 255*mean, 255*std (no host sync per batch)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device not in self._stats:
+            self._stats[x.device] = tuple((torch.tensor(t, dtype=torch.float32) * 255).to(x.device)[:, None, None]
+                                          for t in (self.mean, self.std))
+        m, s = self._stats[x.device]
+        return (x.float() - m) / s
+
+    def __repr__(self): return f"Normalize(mean={self.mean}, std={self.std})"
+
 class BatchAug:
     "Augment and normalise a uint8 batch `(x, y)` on its own device: uint8 `(B, 3, S, S)` -> float, `y` unchanged or soft."
     def __init__(self,
@@ -104,8 +123,7 @@ class BatchAug:
                 ):
         self.size, self.aug, self.pad, self.scale, self.ratio = size, check_choice('augmentation', aug, AUGS), pad, scale, ratio
         self.crop_done, self.normalize, self.channels_last = crop_done, normalize, channels_last
-        self.mean, self.std = torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32)
-        self._stats = {}                                               # per-device copies (no host sync per batch)
+        self.normalizer = Normalize(mean, std)
         if randaugment is None: randaugment = aug == 'deit'
         self.randaugment = None
         if randaugment:
@@ -133,11 +151,8 @@ class BatchAug:
         return resized_crop(x, random_boxes(B, self.scale, self.ratio, dev), flips, self.size)
 
     def norm(self, x: torch.Tensor) -> torch.Tensor:
-        "uint8 (or 0..255 float) -> normalised float32, on `x`'s device."
-        if x.device not in self._stats:
-            self._stats[x.device] = tuple((t * 255).to(x.device)[:, None, None] for t in (self.mean, self.std))
-        m, s = self._stats[x.device]
-        x = (x.float() - m) / s
+        "uint8 (or 0..255 float) -> normalised float32 (`Normalize`), on `x`'s device."
+        x = self.normalizer(x)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def __call__(self, b):
@@ -262,7 +277,7 @@ class ImageDL(DataLoader):
 
     def _n_total(self): return len(self.dataset)
     def _share(self) -> int:
-        r, w = _dist()
+        r, w = dist_info()
         return self._n_total() // w if getattr(self.dataset, 'shard', False) else self._n_total()
     def __len__(self):
         n = self._share()
@@ -271,7 +286,7 @@ class ImageDL(DataLoader):
         idxs = list(range(self._n_total()))
         if self.shuffle: idxs = self.shuffle_fn(idxs)
         if getattr(self.dataset, 'shard', False):
-            r, w = _dist(); n = self._n_total() // w
+            r, w = dist_info(); n = self._n_total() // w
             idxs = idxs[r * n:(r + 1) * n]
         return idxs
     def create_batches(self, samps):
@@ -283,9 +298,6 @@ class ImageDL(DataLoader):
             yield self.dataset.batch(chunk)
 
 # %% ../nbs/03_data.ipynb #e0e1cf50
-def _default_device(device=None) -> torch.device:
-    return default_device(device)
-
 def _as_uint8(item, size: int) -> torch.Tensor: # (3, size, size) uint8
     "An image given as a uint8 tensor (3, H, W), a PIL image or a file path, squashed to `size x size`."
     from torchvision.transforms.v2.functional import resize
@@ -327,6 +339,7 @@ class ImageData:
     valid: ImageSplit
     default_aug: str = 'crop_flip'
     spec: dict = field(default_factory=dict)   # JSON-able description of how it was built (run configs)
+    _normalizer: Normalize | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name, s in (('train', self.train), ('valid', self.valid)):
@@ -343,8 +356,8 @@ class ImageData:
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor: # uint8 (B, 3, S, S) -> float32 (B, 3, S, S)
         "The last step of evaluation preprocessing: uint8 (0..255) to `(x/255 - mean) / std`, on `x`'s device."
-        if getattr(self, '_normalizer', None) is None: self._normalizer = BatchAug(self.img_size, self.mean, self.std)
-        return self._normalizer.norm(x)
+        if self._normalizer is None: self._normalizer = Normalize(self.mean, self.std)
+        return self._normalizer(x)
 
     def _item_tfm(self, aug: str, scale, ratio):
         if self.train.in_memory or aug not in ('rrc_flip', 'deit'): return None
@@ -371,7 +384,7 @@ class ImageData:
             channels_last: bool = False,
            ) -> DataLoaders:
         "fastai `DataLoaders` of normalised float batches; augmentation runs on `device`, in batch."
-        device, aug = _default_device(device), check_choice('augmentation', aug or self.default_aug, AUGS)
+        device, aug = default_device(device), check_choice('augmentation', aug or self.default_aug, AUGS)
         if aug == 'deit' and mixup is None: mixup = dict(mixup_alpha=.8, cutmix_alpha=1., label_smoothing=.1)
         if mixup is not None:
             mixup = {'num_classes': self.c, **mixup}
@@ -390,7 +403,7 @@ class ImageData:
                     num_workers: int | None = None,
                    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         "Iterate the evaluation split in order as `(x, y)`: uint8 `(B, 3, S, S)` squashed to `img_size`, long `(B,)`."
-        dl = self._dl(self.valid, bs, _default_device(device), False, None, None, num_workers)
+        dl = self._dl(self.valid, bs, default_device(device), False, None, None, num_workers)
         for x, y in dl: yield x, y.long()
 
 # %% ../nbs/03_data.ipynb #0ccc7cb7
@@ -522,16 +535,23 @@ def _npz_split(d, split: str) -> ImageSplit:
     imgs = decode_jpeg([buf[off[i]:off[i + 1]] for i in range(len(off) - 1)], mode=ImageReadMode.RGB)
     return ImageSplit(torch.from_numpy(d[f'{split}_labels'].astype(np.int64)), images=torch.stack(imgs))
 
+DATA_PATH_ENV = {'cifar10': 'PE_ANCHORS_CIFAR10'}    # datasets that read their location from the environment when given none
+
+def data_path(name: str, path: str | Path | None = None) -> str | None:
+    "Where dataset `name` is read from: `path`, else its environment variable (`DATA_PATH_ENV`), else None."
+    if path: return str(path)
+    return os.environ.get(DATA_PATH_ENV[name]) or None if name in DATA_PATH_ENV else None
+
 def cifar10(path: str | Path | None = None,    # a folder (train/, val|test/) or a packed .npz; default: $PE_ANCHORS_CIFAR10
             download: bool = False,            # with no path: fetch fastai's URLs.CIFAR (network)
             img_size: int = 32,
            ) -> ImageData:
     "CIFAR-10 in memory from a class folder or a packed npz; downloads only when `download=True`."
-    if path is None: path = os.environ.get('PE_ANCHORS_CIFAR10') or None
+    path = data_path('cifar10', path)
     if path is None:
         if not download:
             raise ValueError("cifar10() needs `path` (a folder with train/ and val|test/, or a packed .npz; or set "
-                             "PE_ANCHORS_CIFAR10); pass download=True to fetch fastai's copy (URLs.CIFAR) over the network")
+                             f"{DATA_PATH_ENV['cifar10']}); pass download=True to fetch fastai's copy (URLs.CIFAR) over the network")
         from fastai.data.external import untar_data, URLs
         path = untar_data(URLs.CIFAR)
     source = Path(path).expanduser()
@@ -587,6 +607,10 @@ def get_data(name: str | Path | ImageData = 'digits', **kwargs) -> ImageData:
     p = Path(name).expanduser()
     if p.suffix == '.npz' or p.exists(): return (cifar10 if p.suffix == '.npz' else image_folder)(p, **kwargs)
     raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or an existing folder path")
+
+def takes_path(name: str | Path) -> bool:
+    "Whether dataset `name` (a key of `DATASETS`) is read from a location given apart, its builder's `path` (see `data_path`); a folder or file given as the name is its own location."
+    return isinstance(name, str) and name in DATASETS and 'path' in inspect.signature(DATASETS[name]).parameters
 
 # %% ../nbs/03_data.ipynb #3ac0d805
 def stratified_sample(labels,              # (N,) class labels of the split

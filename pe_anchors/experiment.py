@@ -17,18 +17,19 @@ from torch import nn
 from .core import (CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, auto_threads, default_device, check_choice,
                              condition_spec, hardware_info, pbar, read_json, remove_leftovers, set_threads, unwrap_model,
                              show_progress, write_atomic)
+from .anatomy import anatomy, model_family
 from .paper import PAPER_ALPHAS
-from .results import fragility, gather, read_results, result_row, write_results
+from .results import fragility, gather, peak_rpi, read_results, result_row, write_results
 from .data import ImageData, get_data, stratified_sample
-from .vit import load_checkpoint
-from .learner import CALLBACKS, DEFAULT_MODELS, config_diff, get_recipe, make_callbacks, pe_learner, train
+from .vit import load_checkpoint, save_hub
+from .learner import (CALLBACKS, DEFAULT_MODELS, build_model, config_diff, get_recipe, make_callbacks, pe_learner,
+                                train)
 from .interventions import SSDC_MODES, alpha_sweep, pe_table_ssdc, ssdc_trajectories
-from .robustness import (SHIFT_KINDS, TensorBatches, evaluate_accuracy, evaluate_shifts, make_shift,
-                                   shifted_set)
+from .robustness import SHIFT_KINDS, ShiftedSets, evaluate_accuracy, evaluate_shifts, make_shift
 
 # %% auto #0
 __all__ = ['PRESETS', 'RESTART_FILES', 'Experiment', 'preset', 'EvalData', 'evaluate_model', 'check_experiment', 'check_run',
-           'resolve_shard', 'run_dir_of', 'run_one', 'run_experiment', 'load_trained', 'load_run_model']
+           'resolve_shard', 'run_dir_of', 'run_one', 'run_experiment', 'load_trained', 'load_run_model', 'export_run']
 
 # %% ../nbs/09_experiment.ipynb #f2551c4f
 @dataclass
@@ -138,25 +139,24 @@ def preset(which: str, **overrides) -> Experiment:
 
 # %% ../nbs/09_experiment.ipynb #5dac7bf2
 class EvalData:
-    "The evaluation sets of one dataset, built once: uint8 batches (shifts), normalised SSDC batches, cached shifted sets."
+    "The evaluation sets of one dataset, each built once: the clean and shifted uint8 sets (`sets`), the normalised SSDC batches."
     def __init__(self, data: ImageData,
                  ssdc_images: int = 1000,                # exactly this many images (all when the split is smaller)
                  eval_bs: int = 256, device=None,
-                 cache_dir: str | Path | None = None,
+                 cache_dir: str | Path | None = None,    # shifted sets are also kept here, for the next process
                  sample_seed: int = 0):                  # seed of the class-stratified SSDC sample
         self.data, self.eval_bs = data, eval_bs
         self.device = default_device(device)
-        x, y = shifted_set(data.valid_uint8(bs=eval_bs, device=self.device), None, device=self.device)  # uint8, on CPU
-        self.images, self.labels = x, y
-        self.clean = TensorBatches(x, y, eval_bs)
-        self.ssdc_index, self.sample_seed = stratified_sample(y, ssdc_images, sample_seed), sample_seed
-        xs = x[self.ssdc_index]
-        self.ssdc_batches = [data.normalize(xs[i:i + eval_bs].to(self.device)) for i in range(0, len(xs), eval_bs)]
-        self.n_ssdc = len(xs)
         spec = json.dumps(data.spec or dict(name=data.name), sort_keys=True)
         self.dataset_id = f"{data.name}-valid-{data.img_size}px-{hashlib.sha1(spec.encode()).hexdigest()[:8]}"
-        self.cache_dir = cache_dir
-        self._sets = {}
+        self.sets = ShiftedSets(data.valid_uint8(bs=eval_bs, device=self.device), self.device, cache_dir, self.dataset_id,
+                                eval_bs)                 # the clean set now; each shifted set at its first use, then kept
+        self.clean = self.sets.clean
+        self.images, self.labels = self.clean.images, self.clean.labels              # uint8, on the CPU
+        self.ssdc_index, self.sample_seed = stratified_sample(self.labels, ssdc_images, sample_seed), sample_seed
+        xs = self.images[self.ssdc_index]
+        self.ssdc_batches = [data.normalize(xs[i:i + eval_bs].to(self.device)) for i in range(0, len(xs), eval_bs)]
+        self.n_ssdc = len(xs)
 
     def sample_record(self) -> dict:
         "The SSDC sample as a JSON-able record: size, seed, images per class, indices and their sha1."
@@ -169,13 +169,6 @@ class EvalData:
         "The paper's JPEG and blur shifts at this resolution (blur scaled by img_size / ref_size; ImageNet-C 1-5 if asked)."
         sevs = ['paper'] + (list(range(1, 6)) if severities else [])
         return [make_shift(k, s, img_size=self.data.img_size, ref_size=ref_size) for k in SHIFT_KINDS for s in sevs]
-
-    def shifted(self, shift) -> TensorBatches:
-        "The evaluation split under `shift`, computed once (and cached on disk when `cache_dir` is set)."
-        if shift.name not in self._sets:
-            x, y = shifted_set(self.clean, shift, device=self.device, cache_dir=self.cache_dir, dataset_id=self.dataset_id)
-            self._sets[shift.name] = TensorBatches(x, y, self.eval_bs)
-        return self._sets[shift.name]
 
 # %% ../nbs/09_experiment.ipynb #79ed8cfd
 def _shift_rows(df: pd.DataFrame, **meta) -> list[dict]:
@@ -206,25 +199,27 @@ def evaluate_model(model: nn.Module,
     model = unwrap_model(model).eval().to(ev.device)
     frames = [ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
                                 perm_seed=1000 * seed, measure_kwargs=dict(show_progress=False), **meta)]
-    pe = getattr(model, 'pos_embed', None)
-    if getattr(pe, 'additive', False) or isinstance(pe, torch.Tensor):     # the learned / fixed table's own structure
+    if 'additive' in anatomy(model).position:                              # the learned / fixed table's own structure
         frames.append(pd.DataFrame([result_row(metric='pe_table_ssdc', value=pe_table_ssdc(model), **meta)]))
     if stage == 'trained':
-        acc = evaluate_shifts({(condition, seed): model}, ev.clean, ev.shifts(exp.severities, exp.shift_ref_size),
-                              normalize=ev.data.normalize,
-                              cache_dir=ev.cache_dir, dataset_id=ev.dataset_id, batch_size=ev.eval_bs, show=False)
+        acc = evaluate_shifts({(condition, seed): model}, ev.sets, ev.shifts(exp.severities, exp.shift_ref_size),
+                              normalize=ev.data.normalize, show=False)            # the sets every model of `ev` shares
         frames.append(pd.DataFrame(_shift_rows(acc, **meta)))
         if condition in exp.alpha_conditions and exp.alphas:
-            frames.append(_alpha_rows(model, ev, exp, meta, show))
+            frames.append(_alpha_rows(model, ev, exp, meta, show, plain=acc.set_index('shift')['acc']))
     return pd.concat(frames, ignore_index=True)
 
-def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show) -> pd.DataFrame:
+def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show,
+                plain: pd.Series) -> pd.DataFrame:   # the plain rows' accuracy by shift name: the model at α = 1
     "The α sweep: ΔSSDC under RPI plus clean/JPEG accuracy at each α, and the JPEG fragility derived from them."
-    jpeg = ev.shifted(make_shift('jpeg', 'paper'))
-    acc = lambda batches: (lambda m: evaluate_accuracy(m, batches, ev.data.normalize, show=False))
+    jpeg = make_shift('jpeg', 'paper')
+    def acc(shift, a):                               # at α = 1 the model is the one just measured: its accuracy is known
+        if a == 1: return lambda m: float(plain['clean' if shift is None else shift.name])
+        return lambda m: evaluate_accuracy(m, ev.sets[shift], ev.data.normalize, show=False)   # the sets built once
     frames = []
     for a in pbar(exp.alphas, total=len(exp.alphas), show=show, comment='alpha'):     # one α at a time: a failure names it
-        try: frames.append(alpha_sweep(model, ev.ssdc_batches, [a], metrics={'acc_clean': acc(ev.clean), 'acc_jpeg': acc(jpeg)},
+        metrics = {'acc_clean': acc(None, a), 'acc_jpeg': acc(jpeg, a)}
+        try: frames.append(alpha_sweep(model, ev.ssdc_batches, [a], metrics=metrics,
                                        mode=exp.rpi_mode, n_perms=exp.n_perms, perm_seed=1000 * meta['seed'],
                                        show_progress=False, **meta))
         except ValueError as e: raise ValueError(f"α = {a:g}: {e}") from None
@@ -249,15 +244,15 @@ def check_experiment(exp: Experiment, data: ImageData | None = None):
     "Validate `exp` (fields, recipe, model per condition, depth for ΔSSDC) before anything runs; raise ValueError."
     exp.validate()
     get_recipe(exp.recipe, **exp.train_kwargs)
-    import timm
     size = data.img_size if data is not None else None
     model = exp.model or (DEFAULT_MODELS.get(size) if size else None)
     if model is None: return                                   # resolved from the data's image size later
     for cond in exp.conditions:
-        try: m = timm.create_model(model, pe=condition_spec(cond)['pe'], num_classes=data.c if data else 10, **exp.model_kwargs)
+        spec = condition_spec(cond)
+        try: m = build_model(model, data.c if data else 10, spec['pe'], spec['rpt'], model_kwargs=exp.model_kwargs)
         except TypeError as e: raise ValueError(f"model_kwargs {exp.model_kwargs} do not fit {model}: {e}") from None
-        if len(getattr(m, 'blocks', ())) < 2:
-            raise ValueError(f"{model} with {exp.model_kwargs} has {len(getattr(m, 'blocks', ()))} block(s): ΔSSDC (block 1 "
+        if anatomy(m).depth < 2:
+            raise ValueError(f"{model} with {exp.model_kwargs} has {anatomy(m).depth} block(s): ΔSSDC (block 1 "
                              "minus block 0 under RPI) needs at least 2")
 
 def check_run(exp: Experiment, run_dir: str | Path):
@@ -443,11 +438,9 @@ def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module
     if p.is_dir() and not ck.exists() and (p / 'train' / 'model.safetensors').exists(): ck = p / 'train' / 'model.safetensors'
     if not ck.exists(): raise FileNotFoundError(f"no trained model at {ck} (a .safetensors file or a finished run directory)")
     cfg = read_json(ck.parent / 'config.json') if (ck.parent / 'config.json').exists() else {}
-    try:
-        if cfg.get('model', 'pe_vit').startswith('pe_vit'): model = load_checkpoint(ck, map_location=map_location)
-        else:                                        # any other timm model (a CNN baseline) is rebuilt from the run's config
-            model = load_checkpoint(ck, map_location=map_location, model_name=cfg['model'], num_classes=cfg['num_classes'],
-                                    **cfg.get('model_kwargs', {}))
+    fallback = dict(num_classes=cfg['num_classes'], **cfg.get('model_kwargs', {})) if 'num_classes' in cfg else None
+    if fallback is not None and model_family(cfg.get('model', '')) == 'pe_vit': fallback['pe'] = cfg.get('pe', 'ape')
+    try: model = load_checkpoint(ck, map_location, model_name=cfg.get('model'), model_kwargs=fallback)   # the file's record first
     except (ValueError, FileNotFoundError): raise
     except Exception as e:                           # e.g. a pickle renamed .safetensors
         raise ValueError(f"{ck} is not a safetensors file ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}); "
@@ -460,3 +453,47 @@ def load_run_model(out_dir: str | Path, condition: str, seed: int = 0, map_locat
     if not p.exists(): raise FileNotFoundError(f"run {condition}-s{seed} has no final model at {p} (not finished?)")
     return load_trained(p, map_location)[0]
 
+
+# %% ../nbs/09_experiment.ipynb #86b1dbab
+def _card_from_results(df: pd.DataFrame) -> dict:
+    "Model-card rows from a run's results table: clean accuracy, fragility, SSDC per layer, ΔSSDC and the RPI peak."
+    t = df[(df.stage == 'trained') & df['sweep'].isna()] if 'sweep' in df else df[df.stage == 'trained']
+    t = t[(t.alpha == 1) | t.alpha.isna()]
+    one = lambda **kw: t.loc[np.logical_and.reduce([t[k] == v for k, v in kw.items()]), 'value']
+    card = {}
+    for (metric, shift), label in (('acc', 'clean'), 'clean accuracy'), (('fs', 'jpeg'), 'JPEG fragility (q 5)'), \
+                                  (('fs', 'blur'), 'blur fragility'):
+        v = one(metric=metric, shift=shift)
+        if metric == 'fs': v = t.loc[(t.metric == 'fs') & (t['shift'] == shift) & (t.severity.astype(str) == 'paper'), 'value']
+        if len(v): card[label] = round(float(v.iloc[0]), 4)
+    rpi = next((m for m in t['mode'].dropna().unique() if m != 'normal'), None)
+    for mode, label in (('normal', 'SSDC by layer'), (rpi, f'SSDC under {rpi} by layer')):
+        c = t[(t.metric == 'ssdc') & (t['mode'] == mode)].sort_values('layer')
+        if mode and len(c): card[label] = ' '.join(f"{v:.3f}" for v in c.value)
+    d = one(metric='delta_ssdc')
+    if len(d): card['ΔSSDC (RPI)'] = round(float(d.iloc[0]), 4)
+    pk = peak_rpi(t)
+    if len(pk): card['peak RPI-SSDC (layer)'] = f"{pk.value.iloc[0]:.3f} ({int(pk.layer.iloc[0])})"
+    return card
+
+def export_run(run: str | Path,       # a finished run: `pe_anchors train`'s run directory or a run of an experiment
+               out_dir: str | Path,   # the Hub folder to create (must not exist or be empty)
+               title: str | None = None,
+              ) -> Path:
+    "Write a finished run as a Hugging Face Hub folder (timm's layout) with a model card of its settings and results."
+    p = Path(run)
+    if not p.is_dir(): raise FileNotFoundError(f"{p} is not a run directory (made by `pe_anchors train` or `sweep`)")
+    model, cfg = load_trained(p)
+    train_dir = p / 'train' if (p / 'train' / 'model.safetensors').exists() else p
+    cfg = cfg or (read_json(train_dir / 'config.json') if (train_dir / 'config.json').exists() else {})
+    data, recipe = cfg.get('data') or {}, cfg.get('recipe') or {}
+    card = dict(title=title) if title else {}
+    if cfg.get('condition'): card['condition'] = cfg['condition']
+    if data: card['data'] = f"{data.get('builder', '?')} at {data.get('img_size', '?')} px"
+    if recipe: card['recipe'] = ', '.join(f"{k} {recipe[k]}" for k in ('epochs', 'bs', 'lr', 'wd', 'model_style') if k in recipe)
+    if 'seed' in cfg: card['seed'] = cfg['seed']
+    final = train_dir / 'final.json'
+    if final.exists(): card['accuracy'] = round(float(read_json(final).get('accuracy', float('nan'))), 4)
+    res = train_dir.parent / 'results.csv' if train_dir != p else p / 'results.csv'
+    if res.exists(): card.update(_card_from_results(read_results(res)))
+    return save_hub(model, out_dir, card)

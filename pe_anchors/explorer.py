@@ -11,9 +11,10 @@ import numpy as np
 from torch import nn
 from fastcore.basics import patch
 
-from .core import check_choice, grid_hw
+from .core import check_choice
+from .anatomy import anatomy
 from .vit import TokenPermutation
-from .ssdc import model_grid_size, ssdc_curve
+from .ssdc import ssdc_curve
 
 # %% auto #0
 __all__ = ['Explorer']
@@ -42,7 +43,9 @@ class Explorer:
             self._sim[key], self._ssdc[key] = sim, acc.compute().cpu().numpy()
         return self._sim[key], self._ssdc[key]
 
-    def grid_size(self, name: str) -> tuple[int, int]: return grid_hw(model_grid_size(self.models[name]))
+    def grid_size(self, name: str) -> tuple[int, int]:
+        "The patch grid `(H, W)` of model `name`."
+        return anatomy(self.models[name]).grid_size
 
     def similarity_map(self, name: str, layer: int, query: int | tuple[int, int], rpi: bool = False) -> np.ndarray:
         "`(H, W)` mean cosine similarity between the query token (index or (row, col)) and every patch token at `layer`."

@@ -19,12 +19,12 @@ from fastcore.basics import patch
 
 from .core import grid_hw, grid_coords, check_choice, check_finite, pbar
 from .results import result_frame
-from .vit import TokenRecorder
+from .anatomy import anatomy
+from .vit import Recorded, TokenRecorder
 
 # %% auto #0
 __all__ = ['DISTANCES', 'grid_distance', 'upper_pairs', 'average_ranks', 'spearman', 'token_similarity', 'ssdc_from_similarity',
-           'bootstrap_ci', 'ssdc_per_image', 'SSDCAccumulator', 'ssdc', 'model_grid_size', 'patch_token_batches',
-           'ssdc_curve']
+           'bootstrap_ci', 'ssdc_per_image', 'SSDCAccumulator', 'ssdc', 'patch_token_batches', 'ssdc_curve']
 
 # %% ../nbs/06_ssdc.ipynb #64f86a36
 DISTANCES = ('manhattan', 'euclidean')
@@ -207,44 +207,64 @@ def ssdc_per_image(features: torch.Tensor,           # (..., B, N, C) patch toke
     return torch.cat(out, dim=-1)
 
 # %% ../nbs/06_ssdc.ipynb #80252a3d
+def _grids(grid_size) -> tuple[tuple[int, int] | None, list[tuple[int, int]] | None]:
+    "(the common grid or None, the per-layer grids or None) of a grid, or of one grid per layer."
+    if isinstance(grid_size, (list, tuple)) and len(grid_size) and isinstance(grid_size[0], (list, tuple)):
+        grids = [grid_hw(tuple(g)) for g in grid_size]
+        return (grids[0] if len(set(grids)) == 1 else None), grids
+    return grid_hw(grid_size), None
+
 class SSDCAccumulator:
     "Streaming SSDC: feed `(L, B, N, C)` patch-token batches to `update`; memory stays `(L, N, N)` (+ per-image values)."
     def __init__(self,
-                 grid_size: int | Sequence[int], # H or (H, W) patch grid
+                 grid_size,                       # H or (H, W) patch grid; or one (H, W) per layer where they differ (Swin)
                  metric: str = 'manhattan',       # one of DISTANCES
                  per_image: bool = False,         # also compute and keep each image's SSDC
                  layers: Sequence[int] | None = None, # labels of the L layers (default 0..L-1)
                  pooled: bool = True,             # sum the matrices for the paper's SSDC (False: per-image values only)
                 ):
-        self.grid_size, self.metric = grid_hw(grid_size), check_choice('distance', metric, DISTANCES)
+        (self.grid_size, self.grids), self.metric = _grids(grid_size), check_choice('distance', metric, DISTANCES)
         if not (pooled or per_image): raise ValueError("an SSDCAccumulator needs pooled=True or per_image=True")
         self.per_image, self.pooled, self.layers = per_image, pooled, None if layers is None else list(layers)
-        self.sim_sum: torch.Tensor | None = None   # (L, N, N) float64
+        self.sim_sum: torch.Tensor | list | None = None   # (L, N, N) float64; a list of (N_l, N_l) where the grids differ
         self.n_images = 0
         self._image_values: list[torch.Tensor] = []
 
-    def update(self, features: torch.Tensor): # (L, B, N, C) or (B, N, C)
-        "Add a batch of patch-token features (prefix tokens already dropped)."
-        if features.ndim == 3: features = features[None]
-        if features.ndim != 4:
-            raise ValueError(f"features must be (L, B, N, C) or (B, N, C), got shape {tuple(features.shape)}")
-        L, B, N, C = features.shape
-        _check_grid(N, self.grid_size)
-        check_finite(features, 'features')
+    def _layer_grids(self, L: int) -> list[tuple[int, int]]:
+        if self.grids is None: return [self.grid_size] * L
+        if L != len(self.grids): raise ValueError(f"got {L} layers for the {len(self.grids)} grids of this accumulator")
+        return self.grids
+
+    def update(self, features: torch.Tensor | Sequence[torch.Tensor]): # (L, B, N, C), (B, N, C), or L x (B, N_l, C)
+        "Add a batch of patch-token features (prefix tokens already dropped): a tensor, or one per layer where the grids differ."
+        if torch.is_tensor(features):
+            if features.ndim == 3: features = features[None]
+            if features.ndim != 4:
+                raise ValueError(f"features must be (L, B, N, C) or (B, N, C), got shape {tuple(features.shape)}")
+        elif not all(torch.is_tensor(f) and f.ndim == 3 for f in features):
+            raise ValueError("features must be a tensor (L, B, N, C) or (B, N, C), or one (B, N_l, C) tensor per layer")
+        L, B = len(features), features[0].shape[0]
+        grids = self._layer_grids(L)
+        for f, g in zip(features, grids): _check_grid(f.shape[1], g)
+        for f in ([features] if torch.is_tensor(features) else features): check_finite(f, 'features')
         if self.layers is None: self.layers = list(range(L))
         if L != len(self.layers): raise ValueError(f"got {L} layers, expected {len(self.layers)} (as in earlier batches)")
         if self.sim_sum is None and self.pooled:
-            self.sim_sum = torch.zeros(L, N, N, dtype=torch.float64, device=features.device)
-        per = max(1, (1 << 24) // (N * N))                              # images per block of (B, N, N) similarities
+            z = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=features[0].device)
+            n = features[0].shape[1]
+            self.sim_sum = z(L, n, n) if self.grid_size is not None else [z(f.shape[1], f.shape[1]) for f in features]
         vals = []
         for l in range(L):                                             # one layer at a time: small transients
-            x = F.normalize(features[l].float() if features.dtype in (torch.float16, torch.bfloat16) else features[l], dim=-1)
+            f = features[l]
+            N, C = f.shape[1:]
+            per = max(1, (1 << 24) // (N * N))                          # images per block of (B, N, N) similarities
+            x = F.normalize(f.float() if f.dtype in (torch.float16, torch.bfloat16) else f, dim=-1)
             if self.per_image:                                         # each image's matrix, once: summed and ranked
                 v = []
                 for s in range(0, B, per):
                     sim = x[s:s + per] @ x[s:s + per].mT               # (b, N, N)
                     if self.pooled: self.sim_sum[l] += sim.sum(0)
-                    v.append(ssdc_from_similarity(sim, self.grid_size, self.metric))
+                    v.append(ssdc_from_similarity(sim, grids[l], self.metric))
                 vals.append(torch.cat(v))
             else:
                 x = x.transpose(0, 1).reshape(N, B * C)                # (N, B*C): all images side by side
@@ -259,17 +279,20 @@ def _need_data(self: SSDCAccumulator):
     if not self.n_images: raise ValueError("no images were accumulated: the loader / feature batches were empty")
 
 @patch
-def mean_similarity(self: SSDCAccumulator) -> torch.Tensor: # (L, N, N) float64
-    "The cosine-similarity matrices averaged over all images seen."
+def mean_similarity(self: SSDCAccumulator) -> torch.Tensor | list[torch.Tensor]: # (L, N, N) float64, or L x (N_l, N_l)
+    "The cosine-similarity matrices averaged over all images seen (one per layer, in a list where the grids differ)."
     self._need_data()
     if not self.pooled: raise ValueError("this accumulator keeps per-image SSDC only (pooled=False): matrices made "
                                          "under different permutations must not be averaged")
+    if self.grid_size is None: return [s / self.n_images for s in self.sim_sum]
     return self.sim_sum / self.n_images
 
 @patch
 def compute(self: SSDCAccumulator) -> torch.Tensor: # (L,) float64
     "The paper's SSDC per layer: Spearman of the image-averaged similarity with minus the distance."
-    return ssdc_from_similarity(self.mean_similarity(), self.grid_size, self.metric)
+    sim = self.mean_similarity()
+    if self.grid_size is not None: return ssdc_from_similarity(sim, self.grid_size, self.metric)
+    return torch.stack([ssdc_from_similarity(s, g, self.metric) for s, g in zip(sim, self.grids)])
 
 @patch
 def image_values(self: SSDCAccumulator) -> torch.Tensor: # (L, n_images) float64
@@ -319,12 +342,6 @@ def _batch_images(batch) -> torch.Tensor:
                          + (f" of dtype {x.dtype}" if torch.is_tensor(x) else ''))
     return x
 
-def model_grid_size(model: nn.Module) -> tuple[int, int]:
-    "The patch grid `(H, W)` of a PEViT / timm ViT (`model.patch_embed.grid_size`)."
-    g = getattr(getattr(model, 'patch_embed', None), 'grid_size', None)
-    if g is None: raise ValueError(f"{type(model).__name__} has no patch_embed.grid_size: pass grid_size explicitly")
-    return grid_hw(tuple(int(v) for v in g))
-
 @torch.no_grad()
 def patch_token_batches(model: nn.Module,
                         batches: Iterable,                   # image batches: tensors or tuples (x, y, ...)
@@ -340,12 +357,13 @@ def patch_token_batches(model: nn.Module,
     was_training, seen = model.training, 0
     model.eval()
     try:
-        with TokenRecorder(model, point, layers=layers) as rec:
+        with TokenRecorder(model, point, layers=layers, stop=True) as rec:      # no block after the last tap runs
             total = len(batches) if hasattr(batches, '__len__') else None
             for batch in pbar(batches, total=total, show=show_progress, comment=comment):
                 x = _batch_images(batch)
                 if max_images is not None: x = x[:max_images - seen]
-                model(x.to(device))
+                try: model(x.to(device))
+                except Recorded: pass
                 seen += x.shape[0]
                 yield rec.patch_tokens(point)
                 if max_images is not None and seen >= max_images: break
@@ -356,7 +374,7 @@ def patch_token_batches(model: nn.Module,
 # %% ../nbs/06_ssdc.ipynb #fb7d553b
 def ssdc_curve(model: nn.Module,
                batches: Iterable,                   # image batches: tensors or tuples (x, y, ...)
-               grid_size: int | Sequence[int] | None = None, # default: model.patch_embed.grid_size
+               grid_size: int | Sequence[int] | None = None, # the model's patch grid, checked (default: from its anatomy)
                metric: str = 'manhattan',           # one of DISTANCES
                per_image: bool = False,             # also keep each image's SSDC
                max_images: int | None = None,       # use exactly this many images (None: the whole loader)
@@ -366,13 +384,14 @@ def ssdc_curve(model: nn.Module,
                pooled: bool = True,                 # accumulate the mean matrix (False: per-image SSDC only)
               ) -> SSDCAccumulator:
     "Stream `batches` through `model` and accumulate the SSDC of every block's attention input (LN1 output; `.compute()` -> (L,))."
-    grid = model_grid_size(model) if grid_size is None else grid_hw(grid_size)
-    own = getattr(getattr(model, 'patch_embed', None), 'grid_size', None)
-    if own is not None and grid != tuple(int(v) for v in own):
-        raise ValueError(f"grid_size {grid} does not match the model's patch grid {tuple(own)}; leave grid_size=None")
+    a = anatomy(model)
+    if grid_size is not None and grid_hw(grid_size) != a.grid_size:
+        raise ValueError(f"grid_size {grid_hw(grid_size)} does not match the model's patch grid {a.grid_size}; leave grid_size=None")
     check_choice('distance', metric, DISTANCES)
-    layers = list(range(len(getattr(model, 'blocks', ())))) if layers is None else list(layers)
-    acc = SSDCAccumulator(grid, metric, per_image, layers=layers, pooled=pooled)
+    layers = list(range(a.depth)) if layers is None else list(layers)
+    for l in layers:
+        if not 0 <= l < a.depth: raise IndexError(f"layer {l} out of range for {a.depth} blocks")
+    acc = SSDCAccumulator([a.grids[l] for l in layers], metric, per_image, layers=layers, pooled=pooled)
     for feats in patch_token_batches(model, batches, layers, point, max_images, show_progress, comment='SSDC'):
         acc.update(feats)
     acc._need_data()

@@ -8,7 +8,6 @@ import json, os, shutil, tempfile
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,14 +16,15 @@ from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
 from fastcore.basics import patch
 
-from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, current_umask, grid_hw, image_rng
-from .pos_embed import apply_rope, create_pos_embed, PosEmbed, PE_NAMES
+from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, current_umask, grid_hw, image_perms
+from .pos_embed import apply_rope, create_pos_embed, PE_NAMES
+from .anatomy import anatomy, model_family, register_family
 
 # %% auto #0
 __all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'HUB_SOURCES', 'TAP_POINTS', 'PERM_MODES',
            'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit',
            'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16',
-           'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'TokenRecorder', 'apply_token_perm', 'image_perms',
+           'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'Recorded', 'TokenRecorder', 'apply_token_perm',
            'TokenPermutation', 'save_checkpoint', 'load_checkpoint', 'save_hub']
 
 # %% ../nbs/02_vit.ipynb #91a9cf90
@@ -241,8 +241,8 @@ def init_weights(self: PEViT, style: str = 'timm'):
 @torch.jit.ignore
 def no_weight_decay(self: PEViT) -> set[str]:
     "Names of the position/CLS parameters that should not be weight-decayed."
-    pe = getattr(self.pos_embed, 'no_weight_decay', lambda: set())()
-    return {'cls_token'} | {f'pos_embed.{n}' for n in pe}
+    names = getattr(self.pos_embed, 'no_weight_decay', lambda: set())()
+    return {'cls_token'} | {f'pos_embed.{n}' for n in names}
 
 @patch
 def get_classifier(self: PEViT) -> nn.Module:
@@ -340,6 +340,8 @@ MODEL_CONFIGS = {
                                  drop_rate=0., drop_path_rate=.05),
 }
 
+register_family(MODEL_CONFIGS, 'pe_vit')                 # what `anatomy.model_family` answers for these names
+
 def _pretrained_cfg(name: str, cfg: dict) -> dict:
     return dict(architecture=name, input_size=(3, *grid_hw(cfg['img_size'])), num_classes=cfg.get('num_classes', 1000),
                 mean=IMAGENET_MEAN, std=IMAGENET_STD, interpolation='bilinear', crop_pct=1.0, crop_mode='squash',
@@ -408,42 +410,48 @@ def pe_vit_nano_patch1_8(pretrained=False, **kwargs) -> PEViT:
 # %% ../nbs/02_vit.ipynb #10bd2f61
 TAP_POINTS = ('ln1', 'resid', 'block')
 
+class Recorded(Exception):
+    "Raised by a `TokenRecorder(stop=True)` once its last tap is read: the rest of the forward pass is not run."
+
 # %% ../nbs/02_vit.ipynb #db1aaba3
 class TokenRecorder:
-    "Record per-block residual-stream features of `model` through forward hooks (removed on exit)."
+    "Record per-block residual-stream features of `model` through forward hooks at the taps its `anatomy` names (removed on exit)."
     def __init__(self,
-                 model: nn.Module,
+                 model: nn.Module,                    # a PEViT or a timm ViT / Eva / BEiT / Swin (also wrapped)
                  points: str | Sequence[str] = 'ln1', # tap points, from TAP_POINTS
                  layers: Sequence[int] | None = None, # blocks to tap (default: all)
                  detach: bool = True,
                  to_cpu: bool = False,                # move features to the CPU (keeps GPU memory free)
+                 stop: bool = False,                  # end the forward pass (raise Recorded) once the last tap is read
                 ):
-        blocks = getattr(model, 'blocks', None)
-        if blocks is None or not len(blocks) or not hasattr(blocks[0], 'norm1'):
-            raise ValueError(f"{type(model).__name__} has no `.blocks[i].norm1`; TokenRecorder supports pre-LN ViTs "
-                             "(PEViT, timm VisionTransformer / Eva)")
-        self.model, self.blocks = model, blocks
+        a = self.anatomy = anatomy(model)
+        self.model, self.blocks = a.model, a.blocks
         self.points = (points,) if isinstance(points, str) else tuple(points)
         for p in self.points: check_choice('tap point', p, TAP_POINTS)
-        self.layers = list(range(len(blocks))) if layers is None else [int(i) for i in layers]
+        self.layers = list(range(a.depth)) if layers is None else [int(i) for i in layers]
         for i in self.layers:
-            if not 0 <= i < len(blocks): raise IndexError(f"layer {i} out of range for {len(blocks)} blocks")
-        self.num_prefix_tokens = int(getattr(model, 'num_prefix_tokens', 1))
+            if not 0 <= i < a.depth: raise IndexError(f"layer {i} out of range for {a.depth} blocks")
+        self.num_prefix_tokens = a.num_prefix_tokens
+        self.grids = [a.grids[i] for i in self.layers]          # the token grid of each recorded layer
         self.detach, self.to_cpu = detach, to_cpu
         self.features: dict[str, dict[int, torch.Tensor]] = {p: {} for p in self.points}
         self._handles = []
+        order = [p for p in ('resid', 'ln1', 'block') if p in self.points]    # the order a block's taps are read in
+        self._last = (max(self.layers), order[-1]) if stop and self.layers else None
 
     def _store(self, point, layer, t):
+        if self.anatomy.nhwc: t = t.flatten(1, 2)                # Swin: (B, H, W, C) -> (B, H*W, C)
         if self.detach: t = t.detach()
         if self.to_cpu: t = t.cpu()
         self.features[point][layer] = t
+        if (layer, point) == self._last: raise Recorded          # nothing after this tap is needed
 
     def __enter__(self):
         for i in self.layers:
             blk = self.blocks[i]
             for p in self.points:
                 if p == 'ln1':
-                    h = blk.norm1.register_forward_hook(lambda m, inp, out, i=i: self._store('ln1', i, out))
+                    h = self.anatomy.taps[i].register_forward_hook(lambda m, inp, out, i=i: self._store('ln1', i, out))
                 elif p == 'resid':
                     h = blk.register_forward_pre_hook(lambda m, args, i=i: self._store('resid', i, args[0]))
                 else:
@@ -455,15 +463,23 @@ class TokenRecorder:
         for h in self._handles: h.remove()
         self._handles = []
 
-    def stacked(self, point: str = 'ln1') -> torch.Tensor: # (L, B, T, C)
-        "All recorded layers of `point`, stacked in `self.layers` order."
+    def layer_features(self, point: str = 'ln1') -> list[torch.Tensor]: # L x (B, T, C)
+        "The recorded features of `point`, one tensor per layer in `self.layers` order."
         f = self.features[check_choice('tap point', point, self.points)]
         if not f: raise RuntimeError("nothing recorded yet: run a forward pass inside the `with TokenRecorder(...)` block")
-        return torch.stack([f[i] for i in self.layers])
+        return [f[i] for i in self.layers]
 
-    def patch_tokens(self, point: str = 'ln1') -> torch.Tensor: # (L, B, N, C)
-        "Recorded features with the prefix (CLS) tokens dropped."
-        return self.stacked(point)[:, :, self.num_prefix_tokens:]
+    def stacked(self, point: str = 'ln1') -> torch.Tensor: # (L, B, T, C)
+        "All recorded layers of `point`, stacked in `self.layers` order (they must share a grid)."
+        if len(set(self.grids)) > 1: raise ValueError(f"the recorded layers lie on different grids {sorted(set(self.grids))} "
+                                                      "(Swin stages): read them one by one with `layer_features`")
+        return torch.stack(self.layer_features(point))
+
+    def patch_tokens(self, point: str = 'ln1') -> torch.Tensor | list[torch.Tensor]: # (L, B, N, C), or L x (B, N_l, C)
+        "Recorded features with the prefix (CLS) tokens dropped: stacked, or one tensor per layer when the grids differ (Swin)."
+        p = self.num_prefix_tokens
+        if len(set(self.grids)) > 1: return [t[:, p:] for t in self.layer_features(point)]
+        return self.stacked(point)[:, :, p:]
 
     def prefix_tokens(self, point: str = 'ln1') -> torch.Tensor: # (L, B, P, C)
         "The prefix (CLS) tokens of the recorded features."
@@ -478,13 +494,9 @@ def apply_token_perm(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor: # (B,
     if perm.ndim == 1: return x[:, perm]
     return torch.gather(x, 1, perm[..., None].expand(-1, -1, x.shape[-1]))
 
-def image_perms(seed: int, start: int, n: int, num_tokens: int) -> torch.Tensor: # (n, num_tokens) long
-    "The permutations of images `start .. start + n - 1` of a pass seeded with `seed`: one generator per (seed, image)."
-    return torch.from_numpy(np.stack([image_rng(seed, start + i).permutation(num_tokens) for i in range(n)]))
-
 # %% ../nbs/02_vit.ipynb #08144758
 class TokenPermutation:
-    "Forward hook on `model.patch_embed` that permutes the patch tokens (before CLS and the PE are added)."
+    "Forward hook on the patch embedding of `model` that permutes the patch tokens (before CLS and the PE are added)."
     def __init__(self,
                  model: nn.Module,
                  mode: str = 'batch',               # one of PERM_MODES (see the table above)
@@ -492,9 +504,7 @@ class TokenPermutation:
                  perm: torch.Tensor | None = None,  # a fixed permutation (N,) or (B, N) instead of random draws
                  enabled: bool = True,
                 ):
-        if not hasattr(model, 'patch_embed'):
-            raise ValueError(f"{type(model).__name__} has no `patch_embed`: cannot permute its patch tokens")
-        self.model, self.mode, self.enabled = model, check_choice('permutation mode', mode, PERM_MODES), enabled
+        self.model, self.mode, self.enabled = anatomy(model).model, check_choice('permutation mode', mode, PERM_MODES), enabled
         if seed is None and mode in INFERENCE_PERM_MODES: seed = int(torch.randint(0, 2**31 - 1, ()))
         self.seed = seed
         self.perm = None if perm is None else torch.as_tensor(perm, dtype=torch.long)
@@ -537,6 +547,13 @@ class TokenPermutation:
         x = apply_token_perm(x, perm[0] if shared else perm)
         return x.reshape(out.shape) if nhwc else x
 
+    def state_dict(self) -> dict:
+        "The states of the seeded generators (one per device), for resuming a run exactly."
+        return {k: g.get_state() for k, g in self._gen.items()}
+    def load_state_dict(self, state: dict):
+        "Restore `state_dict()`: each device's generator continues where it was."
+        for dev, s in state.items(): self._generator(torch.device(dev)).set_state(s)
+
     def attach(self):
         "Register the hook (idempotent)."
         if self._handle is None: self._handle = self.model.patch_embed.register_forward_hook(self._hook)
@@ -571,7 +588,8 @@ def save_checkpoint(model: nn.Module, path: str | Path, extra: dict | None = Non
     return path
 
 def load_checkpoint(path: str | Path, map_location: str = 'cpu',
-                    model_name: str | None = None, # for files whose metadata names no model: the timm name to build
+                    model_name: str | None = None,   # for files whose metadata names no model: the timm name to build
+                    model_kwargs: dict | None = None, # ... and its keyword arguments
                     **overrides) -> nn.Module:
     "Rebuild the model saved by `save_checkpoint` (a `PEViT` or any timm model; name and kwargs from the file's metadata)."
     from safetensors import safe_open
@@ -579,10 +597,10 @@ def load_checkpoint(path: str | Path, map_location: str = 'cpu',
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"no checkpoint at {path}")
     with safe_open(str(path), 'pt') as f: meta = f.metadata() or {}
-    name = meta.get('model_name') or model_name
+    name, kwargs = meta.get('model_name'), json.loads(meta.get('model_kwargs') or '{}')
+    if not name: name, kwargs = model_name, dict(model_kwargs or {})
     if not name: raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint); pass model_name=")
-    kwargs = {**json.loads(meta.get('model_kwargs') or '{}'), **overrides}
-    model = create_pe_vit(name, **kwargs) if name in MODEL_CONFIGS else timm.create_model(name, **kwargs)
+    model = timm.create_model(name, **{**kwargs, **overrides})          # the pe_vit_* names are registered in timm too
     try: model.load_state_dict(load_file(str(path), device=map_location))
     except RuntimeError as e: raise ValueError(f"{path} does not match its own model config: {str(e).splitlines()[0]}") from None
     cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(meta.get('pretrained_cfg') or '{}').items()}
@@ -601,13 +619,14 @@ def _fmt(v) -> str:
 _CARD_LABELS = dict(condition='condition', pe='positional encoding', data='data', recipe='recipe', epochs='epochs',
                     seed='seed', accuracy='accuracy', ssdc='SSDC')
 
-def _hub_record(model: nn.Module, card: dict) -> dict:
-    "The `pe_anchors` entry of config.json: library version, the PE and its settings, the card."
+def _hub_record(model: nn.Module, name: str, card: dict) -> dict:
+    "The `pe_anchors` entry of config.json: library version, the PE and its settings (pe_vit models), the card."
     from importlib.metadata import version, PackageNotFoundError
     try: rec = dict(version=version('pe_anchors'))
     except PackageNotFoundError: rec = dict(version='unknown')
-    pe = getattr(model, 'pos_embed', None)
-    if isinstance(pe, PosEmbed): rec.update(pe=model.pe, pe_class=type(pe).__name__, pe_settings=pe.settings())
+    if model_family(name) == 'pe_vit':
+        pos = anatomy(model).pos_embed
+        rec.update(pe=model.pe, pe_class=type(pos).__name__, pe_settings=pos.settings())
     if card: rec['card'] = json.loads(json.dumps(card, default=str))
     return rec
 
@@ -616,8 +635,9 @@ def _model_card(name: str, model: nn.Module, rec: dict, card: dict) -> str:
     head = ['---', 'tags:', '- image-classification', '- timm', '- pe_anchors', 'library_name: timm',
             f"license: {card.get('license', 'apache-2.0')}", '---', '']
     title = card.get('title') or (f"{name} with the {rec['pe']} positional encoding" if 'pe' in rec else name)
+    vit = 'pe' in rec                                      # a pe_vit model (see _hub_record)
     rows = [('architecture', f"`{name}`" + (f" ({model.embed_dim} x {len(model.blocks)} blocks, {model.num_heads} heads)"
-                                             if isinstance(model, PEViT) else ''))]
+                                             if vit else ''))]
     if 'pe' in rec:
         geometry = ('grid_size', 'num_prefix_tokens', 'embed_dim', 'head_dim', 'num_heads', 'depth')
         rows.append(('positional encoding', f"`{rec['pe']}` ({rec['pe_class']}: "
@@ -625,7 +645,7 @@ def _model_card(name: str, model: nn.Module, rec: dict, card: dict) -> str:
     rows += [('input', f"{' x '.join(map(str, cfg['input_size']))}, mean {_fmt(cfg['mean'])}, std {_fmt(cfg['std'])}"),
              ('classes', str(model.num_classes)), ('parameters', f"{sum(p.numel() for p in model.parameters()):,}")]
     rows += [(_CARD_LABELS.get(k, k), _fmt(v)) for k, v in card.items() if k not in ('title', 'license')]
-    kind = 'A Vision Transformer' if isinstance(model, PEViT) else 'A model'
+    kind = 'A Vision Transformer' if vit else 'A model'
     body = [f"# {title}", '', f"{kind} trained with pe_anchors, saved in timm's Hub layout.", '',
             '| | |', '|---|---|', *[f"| {k} | {v} |" for k, v in rows], '', '## Load it', '', '```python',
             'import pe_anchors, timm   # pe_anchors registers the pe_vit_* architectures with timm',
@@ -646,7 +666,7 @@ def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.c
     out, card = Path(out_dir), dict(card or {})
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; remove it or choose another out_dir")
-    rec = _hub_record(model, card)
+    rec = _hub_record(model, name, card)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f'.{out.name}.', suffix='.tmp'))
     try:

@@ -10,7 +10,8 @@ import fastai.callback.progress  # noqa: F401  (Learner.no_bar)
 from fastai.losses import CrossEntropyLossFlat
 from fastai.torch_core import set_seed
 
-from pe_anchors.callback.permute import RPT, RPI, unwrap_model
+from pe_anchors.callback.permute import RPT, RPI
+from pe_anchors.core import unwrap_model
 from pe_anchors.data import digits, ImageSplit
 from pe_anchors.pos_embed import PE_NAMES
 from pe_anchors.vit import TokenPermutation
@@ -133,7 +134,7 @@ def test_state_dict_resumes_the_permutation_stream(small_digits):
     state = a.rpt.state_dict()
     assert state and all(isinstance(v, torch.Tensor) for v in state.values())
     nxt = TokenPermutation(a.model, seed=5)
-    nxt._generator(torch.device('cpu')).set_state(state['cpu'])
+    nxt.load_state_dict(state)
     want = nxt.draw(1, 64, 'cpu')
     b = _learner(small_digits, [RPT(seed=5), Spy()])
     b.rpt.load_state_dict(state)

@@ -143,7 +143,7 @@ def test_training_loader_shards_across_ranks(monkeypatch):
     d = digits()
     seen = []
     for r in range(2):
-        monkeypatch.setattr(D, '_dist', lambda r=r: (r, 2))
+        monkeypatch.setattr(D, 'dist_info', lambda r=r: (r, 2))
         set_seed(0)
         dl = d.dls(bs=16, device='cpu', aug='none').train
         idx = dl.get_idxs()

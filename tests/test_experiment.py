@@ -138,3 +138,49 @@ def test_ssdc_sample_is_exact_stratified_and_shared(digits, n):
     assert torch.equal(again.ssdc_index, ev.ssdc_index) and again.sample_record()['sha1'] == rec['sha1']
     assert torch.equal(torch.cat(again.ssdc_batches), torch.cat(ev.ssdc_batches))
     assert not torch.equal(EvalData(digits, n, 48, 'cpu', sample_seed=1).ssdc_index, ev.ssdc_index)
+
+
+def _count_builds(monkeypatch):
+    "Spy on the construction of evaluation sets: every `shifted_set` call by shift name, and every hash of a whole set."
+    import pe_anchors.robustness as R
+    built, hashed = [], []
+    real_set, real_hash = R.shifted_set, R.set_fingerprint
+    def spy_set(batches, shift, *a, **k):
+        built.append('clean' if shift is None else shift.name)
+        return real_set(batches, shift, *a, **k)
+    def spy_hash(*a, **k):
+        hashed.append(1)
+        return real_hash(*a, **k)
+    monkeypatch.setattr(R, 'shifted_set', spy_set); monkeypatch.setattr(R, 'set_fingerprint', spy_hash)
+    return built, hashed
+
+
+def test_each_shifted_set_is_built_once_per_experiment(tmp_path, digits, monkeypatch):
+    "Two conditions, both with an α sweep: the clean set and each shift's set are built (and the set hashed) once in all."
+    built, hashed = _count_builds(monkeypatch)
+    exp = tiny(conditions=['ape', 'spe'], alpha_conditions=['ape', 'spe'], untrained=False, alphas=[1., .5])
+    df = run_experiment(exp, tmp_path / 'exp', device='cpu', show=False, data=digits)
+    assert sorted(built) == ['blur/paper', 'clean', 'jpeg/paper'], built        # not once per model, nor per α
+    assert len(hashed) == 1                                                      # the set's fingerprint: once
+    assert sorted(p.name.split('__')[1] for p in (tmp_path / 'exp' / 'cache').glob('*.safetensors')) == \
+           ['blur-paper', 'jpeg-paper']                                          # the disk cache holds the shifted sets
+    alpha = df[(df['sweep'] == 'alpha') & (df.metric == 'acc') & (df['shift'] == 'jpeg')]
+    assert len(alpha) == 4 and alpha['value'].notna().all()                      # 2 conditions x 2 α on the same JPEG set
+    # a second process over the same directory reads the shifted sets back from the disk cache: no shift runs again
+    import pe_anchors.robustness as R
+    ran = []
+    monkeypatch.setattr(R.JPEG, 'apply', lambda self, x, offset: ran.append(len(x)) or R.jpeg_roundtrip(x, self.quality))
+    run_experiment(tiny(conditions=['ape', 'spe', 'nope'], alpha_conditions=['ape', 'spe'], untrained=False,
+                        alphas=[1., .5]), tmp_path / 'exp', device='cpu', show=False, data=digits)
+    assert ran == []
+
+
+def test_an_analysis_builds_each_set_once(digits, monkeypatch):
+    "`analyze` (EvalData + evaluate_model, no disk cache) with an α sweep: JPEG is computed once for the plain and the α rows."
+    built, hashed = _count_builds(monkeypatch)
+    exp = tiny(conditions=['ape'], alpha_conditions=['ape'], alphas=[1., .5, 0.])
+    ev = EvalData(digits, exp.ssdc_images, 64, 'cpu')
+    model = pe_learner(digits, 'ape', seed=0, show_progress=False, model_kwargs=dict(depth=2)).model
+    evaluate_model(model, ev, exp, 'ape', seed=0)
+    evaluate_model(model, ev, exp, 'ape', seed=1)                                # a second model on the same EvalData
+    assert sorted(built) == ['blur/paper', 'clean', 'jpeg/paper'] and hashed == []

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from pe_anchors.results import RESULT_COLUMNS
 from pe_anchors.pos_embed import sincos_2d
-from pe_anchors.vit import PEViT, TokenRecorder, TokenPermutation, image_perms
+from pe_anchors.core import image_perms
+from pe_anchors.vit import PEViT, TokenRecorder, TokenPermutation
 from pe_anchors.ssdc import ssdc_curve, ssdc_from_similarity
 from pe_anchors.interventions import (SSDC_MODES, SSDCRuns, spread, measure_ssdc, delta_ssdc, ssdc_trajectories,
                                       pe_scaled, alpha_sweep)
@@ -199,9 +200,11 @@ def test_bad_input(batches):
     with pytest.raises(ValueError, match="unknown SSDC mode 'perm'"): measure_ssdc(m, batches, 'perm')
     with pytest.raises(ValueError, match='n_perms must be >= 1'): measure_ssdc(m, batches, 'rpi', n_perms=0)
     with pytest.raises(ValueError, match='empty'): measure_ssdc(m, [], 'rpi', n_perms=2)
-    class NoPos(torch.nn.Module): pos_embed = None
+    no_pos = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=2, pos_embed='none')
     with pytest.raises(ValueError, match='no positional encoding to scale'):
-        with pe_scaled(NoPos(), .5): pass
+        with pe_scaled(no_pos, .5): pass
+    with pytest.raises(ValueError, match='is not a ViT'):
+        with pe_scaled(torch.nn.Linear(2, 2), .5): pass
     dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(smooth_images(8)), batch_size=4, shuffle=True)
     with pytest.warns(UserWarning, match='shuffles'): measure_ssdc(m, dl, 'rpi', n_perms=2)
 

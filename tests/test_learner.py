@@ -11,7 +11,7 @@ from fastai.optimizer import OptimWrapper
 from pe_anchors.callback.permute import RPT
 from pe_anchors.data import digits, ImageSplit
 from pe_anchors.learner import (RECIPES, get_recipe, SoftTargetCE, wd_param_groups, param_groups, pe_learner, fit_recipe, train,
-                                last_checkpoint)
+                                last_checkpoint, pe_splitter)
 from pe_anchors.pos_embed import PE_NAMES
 from pe_anchors.vit import load_checkpoint
 
@@ -102,13 +102,13 @@ def test_export_load_learner_predict_round_trip(small, tmp_path):
 
 def test_rpt_finds_the_vit_inside_vision_learner():
     from fastai.vision.learner import vision_learner
-    from pe_anchors.callback.permute import find_vit
+    from pe_anchors.anatomy import anatomy
     d = digits()
     from fastai.losses import CrossEntropyLossFlat
     learn = vision_learner(d.dls(bs=32, device='cpu'), 'vit_tiny_patch16_224', pretrained=False, img_size=16,
                            patch_size=4, n_out=10, loss_func=CrossEntropyLossFlat(), cbs=[RPT(seed=0)])
-    vit = find_vit(learn.model)
-    assert hasattr(vit, 'patch_embed') and vit is not learn.model
+    vit = anatomy(learn.model).model
+    assert anatomy(learn.model).family == 'vit' and vit is not learn.model
     with learn.no_bar(), learn.no_logging(): learn.fit(1, 1e-3)
     assert learn.rpt.last_perm is not None and learn.rpt.last_perm.shape[-1] == 16
 
@@ -264,3 +264,76 @@ def test_restart_clears_old_results(tmp_path, small):
     assert last_checkpoint(tmp_path).name == 'epoch_000'
     assert len(list(csv.DictReader(open(tmp_path / 'metrics.csv')))) == 1
     assert json.loads((tmp_path / 'final.json').read_text())['epochs'] == 1
+
+
+# pe_learner's parts, each on its own
+
+def test_build_model_takes_pe_for_pe_vit_models_only(small):
+    import timm
+    from pe_anchors.learner import build_model, set_data_config
+    m = build_model('pe_vit_nano_patch2_16', 10, pe='rope', style='released', model_kwargs=dict(depth=2))
+    assert type(m.pos_embed).__name__ == 'RoPE2D' and m.style == 'released' and len(m.blocks) == 2
+    assert m.model_kwargs == dict(pe='rope', style='released', depth=2, num_classes=10)   # what a checkpoint rebuilds it from
+    cnn = build_model('resnet10t', 7)
+    assert cnn.num_classes == 7 and (cnn.model_name, cnn.model_kwargs) == ('resnet10t', dict(num_classes=7))
+    vit = build_model('vit_tiny_patch16_224', 10, model_kwargs=dict(img_size=16, patch_size=4, depth=2))
+    assert type(vit) is timm.models.vision_transformer.VisionTransformer        # timm's own PE, untouched
+    for name, kw in (('resnet10t', dict(pe='ape')), ('vit_tiny_patch16_224', dict(rpt=True))):
+        with pytest.raises(ValueError, match='is not a pe_vit model'): build_model(name, 10, **kw)
+    m = set_data_config(m, small)
+    assert (m.pretrained_cfg['mean'], m.pretrained_cfg['input_size']) == (tuple(small.mean), (3, 16, 16))
+    with pytest.raises(ValueError, match='expects 8px images'): set_data_config(build_model('pe_vit_nano_patch1_8', 10), small)
+    assert set_data_config(build_model('resnet10t', 10), small).pretrained_cfg['std'] == tuple(small.std)   # any size
+
+
+def test_make_dls_and_make_optimizer(small):
+    from pe_anchors.learner import build_model, make_dls, make_optimizer
+    r = get_recipe('fast', bs=32)
+    dls = make_dls(small, r, torch.device('cpu'))
+    assert dls.train.bs == 32 and dls.valid.bs == 64 and dls.device.type == 'cpu'
+    with pytest.raises(ValueError, match='larger than the'): make_dls(small, get_recipe('fast', bs=32), torch.device('cpu'), world=100)
+    net = build_model('pe_vit_nano_patch2_16', 10, pe='ape', model_kwargs=dict(depth=2))
+    opt_func, kinds = make_optimizer(net, get_recipe('fast', opt='adam'), torch.device('cpu'))
+    assert kinds == list(param_groups(net)) and kinds[:3] == ['body', 'body_no_wd', 'position']
+    opt = opt_func(pe_splitter(net), lr=1e-3)
+    assert isinstance(opt.opt, torch.optim.Adam) and not isinstance(opt.opt, torch.optim.AdamW)
+    assert opt.opt.defaults['fused'] is False                                   # fused only on CUDA unless asked
+
+
+def test_fit_callbacks_and_logging(small, monkeypatch):
+    from fastai.callback.progress import ProgressCallback
+    from fastcore.basics import noop
+    from pe_anchors.learner import AutoThreads, DDP, DivergenceWarning, EpochLines, Progress, fit_callbacks, set_logging
+    cpu, r = torch.device('cpu'), get_recipe('fast')                           # fast: bf16 and channels-last, CUDA only
+    names = lambda cbs: [type(c).__name__ for c in cbs]
+    assert names(fit_callbacks(r, cpu)) == ['DDP', 'DivergenceWarning']
+    mine = Callback()
+    assert names(fit_callbacks(r, cpu, rpt=True, rpt_mode='sample', seed=3, threads='auto', cbs=[mine])) == \
+           ['DDP', 'DivergenceWarning', 'RPT', 'Callback', 'AutoThreads']
+    assert fit_callbacks(r, cpu, rpt=True, rpt_mode='sample', seed=3)[2].mode == 'sample'
+    if torch.cuda.is_available():
+        assert names(fit_callbacks(r, torch.device('cuda')))[-2:] == ['MixedPrecision', 'ChannelsLast']
+    learn = pe_learner(small, 'ape', show_progress=False, model_kwargs=dict(depth=2), bs=32)
+    monkeypatch.delenv('PE_ANCHORS_QUIET', raising=False)
+    set_logging(learn, True); assert any(isinstance(c, Progress) for c in learn.cbs)
+    set_logging(learn, None); assert isinstance(learn.logger, EpochLines)
+    assert not any(isinstance(c, ProgressCallback) for c in learn.cbs)
+    set_logging(learn, None, rank=1); assert learn.logger is noop
+    monkeypatch.setenv('PE_ANCHORS_QUIET', '1'); set_logging(learn, None); assert learn.logger is noop
+
+
+def test_run_config_and_open_run(small, tmp_path):
+    from pe_anchors.learner import build_model, open_run, run_config
+    r = get_recipe('fast', epochs=1, bs=32)
+    cfg = run_config('rpt', 'ape', True, 'sample', 'pe_vit_nano_patch2_16', None, small, r, 3, 1, torch.device('cpu'))
+    assert json.loads(json.dumps(cfg)) == cfg                                  # JSON-able, as config.json
+    assert (cfg['condition'], cfg['rpt_mode'], cfg['seed'], cfg['num_classes'], cfg['recipe']['bs']) == ('rpt', 'sample', 3, 10, 32)
+    assert run_config('ape', 'ape', False, 'sample', 'm', None, small, r, 0, 1, torch.device('cpu'))['rpt_mode'] is None
+    net = build_model('pe_vit_nano_patch2_16', 10, pe='ape', model_kwargs=dict(depth=2))
+    assert open_run(None, cfg, net) == (None, 0)
+    learn = pe_learner(small, 'ape', run_dir=tmp_path / 'run', show_progress=False, model_kwargs=dict(depth=2), epochs=1, bs=32)
+    fit_recipe(learn)                                                           # one finished epoch in the run directory
+    run, start = open_run(tmp_path / 'run', learn.config, learn.model)
+    assert run.run_dir == tmp_path / 'run' and start == 1                      # resumed after its last checkpoint
+    run, start = open_run(tmp_path / 'run', learn.config, learn.model, resume=False)
+    assert start == 0 and not (tmp_path / 'run' / 'checkpoints').exists()      # cleared

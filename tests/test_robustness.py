@@ -419,3 +419,16 @@ def test_imagenet_c_blur_matches_skimage_semantics(severity):
     assert np.abs(ours.astype(int) - ref).max() <= 1 and (ours == ref).mean() > .99
     # the paper's blur keeps torchvision's mirrored border and rounding
     assert make_shift('blur', 'paper').params['padding'] == 'reflect'
+
+
+def test_one_normalisation_for_training_evaluation_and_shifts():
+    "A (mean, std) pair, the data's own `normalize` and the training loaders' `BatchAug` give the same floats, bit for bit."
+    from pe_anchors.data import BatchAug, Normalize, digits
+    d = digits()
+    x = d.valid.images[:16]
+    f = make_normalize((d.mean, d.std))
+    assert isinstance(f, Normalize)
+    assert torch.equal(f(x), d.normalize(x)) and torch.equal(f(x), BatchAug(d.img_size, d.mean, d.std).norm(x))
+    ref = (x.double() / 255 - torch.tensor(d.mean, dtype=torch.float64)[:, None, None]) / torch.tensor(d.std, dtype=torch.float64)[:, None, None]
+    torch.testing.assert_close(f(x).double(), ref, rtol=1e-6, atol=1e-6)         # the formula, written out
+    with pytest.raises(ValueError, match='normalize must be'): make_normalize((1, 2, 3))

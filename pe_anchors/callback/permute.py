@@ -5,25 +5,15 @@
 # %% ../../nbs/04_callback.permute.ipynb #94f8b5df
 from __future__ import annotations
 import torch
-from torch import nn
 from fastai.callback.core import Callback
 
-from ..core import check_choice, unwrap_model
+from ..core import check_choice
 from ..vit import TokenPermutation, TRAIN_PERM_MODES, INFERENCE_PERM_MODES
 
 # %% auto #0
-__all__ = ['find_vit', 'TokenPermutationCallback', 'RPT', 'RPI']
+__all__ = ['TokenPermutationCallback', 'RPT', 'RPI']
 
 # %% ../../nbs/04_callback.permute.ipynb #c09aa7a9
-def find_vit(model: nn.Module) -> nn.Module:
-    "The ViT inside `model` (the first module with a `patch_embed`): through DDP/compile and fastai/timm wrappers."
-    model = unwrap_model(model)
-    if hasattr(model, 'patch_embed'): return model
-    for m in model.modules():
-        if hasattr(m, 'patch_embed'): return m
-    raise ValueError(f"no module with a `patch_embed` inside {type(model).__name__}: token permutation needs a ViT "
-                     "(PEViT, timm VisionTransformer / Eva, also inside fastai's vision_learner)")
-
 class TokenPermutationCallback(Callback):
     "Base: attach a `TokenPermutation` hook for the fit and switch it on around the batches this callback runs for."
     order, modes = 5, TRAIN_PERM_MODES + INFERENCE_PERM_MODES
@@ -37,7 +27,7 @@ class TokenPermutationCallback(Callback):
         self.tp, self._state = None, None
 
     def before_fit(self):
-        self.tp = TokenPermutation(find_vit(self.learn.model), self.mode, self.seed, self.perm, enabled=False).attach()
+        self.tp = TokenPermutation(self.learn.model, self.mode, self.seed, self.perm, enabled=False).attach()
         if self._state is not None: self.load_state_dict(self._state)
     def before_batch(self): self.tp.enabled = True
     def after_batch(self): self.tp.enabled = False
@@ -52,12 +42,11 @@ class TokenPermutationCallback(Callback):
     def state_dict(self) -> dict:
         "The generator states (per device) of a seeded callback, for resuming a run exactly."
         if self.tp is None: return dict(self._state or {})
-        return {k: g.get_state() for k, g in self.tp._gen.items()}
+        return self.tp.state_dict()
     def load_state_dict(self, state: dict):
         "Restore `state_dict()` (applied now if the hook is attached, else at the next `before_fit`)."
         if self.tp is None: self._state = dict(state); return
-        for dev, s in state.items():
-            self.tp._generator(torch.device(dev)).set_state(s)
+        self.tp.load_state_dict(state)
 
 class RPT(TokenPermutationCallback):
     "Random Permutation Training: a fresh permutation in every training forward pass ('batch' or 'sample'); evaluation untouched."

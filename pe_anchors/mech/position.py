@@ -16,26 +16,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import N_PERMS, check_choice, check_finite, grid_coords, grid_hw, pbar
-from ..pos_embed import NoPE, PosEmbed
-from ..ssdc import model_grid_size, patch_token_batches
+from ..anatomy import anatomy
+from ..ssdc import patch_token_batches
 from ..vit import TokenPermutation
 from ..interventions import measure_ssdc, pe_scaled
 
 # %% auto #0
-__all__ = ['POSITION_TARGETS', 'ROPE_AXES', 'block_index', 'layer_tokens', 'position_labels', 'split_images', 'PositionProbe',
-           'PositionProbes', 'fit_position_probes', 'retention', 'position_removed', 'rotary_tables', 'rotary_axes',
-           'knockout_mask', 'rope_knockout', 'grid_permutation', 'permutation_sensitivity', 'probe_knockouts',
-           'withheld_retention', 'rebuild_heads']
+__all__ = ['POSITION_TARGETS', 'ROPE_AXES', 'layer_tokens', 'position_labels', 'split_images', 'PositionProbe', 'PositionProbes',
+           'fit_position_probes', 'retention', 'position_removed', 'rotary_tables', 'rotary_axes', 'knockout_mask',
+           'rope_knockout', 'grid_permutation', 'permutation_sensitivity', 'probe_knockouts', 'withheld_retention',
+           'rebuild_heads']
 
 # %% ../../nbs/11_mech.position.ipynb #90c92eb2
-def block_index(model: nn.Module, layer: int) -> int:
-    "`layer` as a non-negative block index of `model` (negative values count from the end, as in Python)."
-    blocks = getattr(model, 'blocks', None)
-    if blocks is None: raise ValueError(f"{type(model).__name__} has no `.blocks`: expected a ViT (PEViT, timm ViT / Eva)")
-    depth = len(blocks)
-    if not -depth <= int(layer) < depth: raise IndexError(f"layer {layer} out of range for {depth} blocks")
-    return int(layer) % depth
-
 def layer_tokens(model: nn.Module,
                  batches: Iterable,             # image batches: tensors or tuples (x, y, ...)
                  layer: int,                    # block index (negative counts from the end)
@@ -44,7 +36,7 @@ def layer_tokens(model: nn.Module,
                  show_progress: bool | None = None,
                 ) -> torch.Tensor:              # (I, N, C) float32 on the CPU
     "The patch tokens of every image at block `layer`, gathered on the CPU."
-    layer = block_index(model, layer)
+    layer = anatomy(model).block_index(layer)
     out = [f[0].float().cpu() for f in patch_token_batches(model, batches, [layer], point, max_images, show_progress,
                                                           comment=f'block {layer} tokens')]
     if not out: raise ValueError("the loader gave no images")
@@ -186,45 +178,28 @@ def retention(observed, floor, baseline):
 
 @contextmanager
 def position_removed(model: nn.Module):
-    "Remove the model's positional signal while inside: additive PE scaled to 0, rotary rotations set to the identity."
-    pe = getattr(model, 'pos_embed', None)
-    additive = isinstance(pe, torch.Tensor) or (isinstance(pe, PosEmbed) and not isinstance(pe, NoPE))
-    rotary = getattr(model, 'rope', None) is not None                  # timm Eva; a PEViT's rotary PE is `pos_embed`
-    if not (additive or rotary):
-        raise ValueError(f"{type(model).__name__} has no positional encoding to remove (NoPE or an unknown layout)")
+    "Remove the model's positional signal while inside: its PE (PEViT) or position table (timm) scaled to 0, timm's rotations set to the identity."
+    a = anatomy(model)
+    scaled = a.pos_embed is not None or a.pos_table is not None         # PEViT: alpha 0 removes every kind of its PE
+    rotated = a.rope is not None                                       # timm's rotary module (Eva)
+    if not a.position or not (scaled or rotated):
+        raise ValueError(f"this {a.family} model has no positional encoding to remove (its position: "
+                         f"{', '.join(a.position) or 'none'})")
     with ExitStack() as stack:
-        if additive: stack.enter_context(pe_scaled(model, 0.))          # PEViT: alpha 0 also stops its rotations
-        if rotary: stack.enter_context(rope_knockout(model))
+        if scaled: stack.enter_context(pe_scaled(model, 0.))
+        if rotated: stack.enter_context(rope_knockout(model))
         yield model
 
 # %% ../../nbs/11_mech.position.ipynb #06c01563
 ROPE_AXES = ('row', 'col', 'all')
 
-def _rotary_kind(model: nn.Module) -> str:
-    "Check that the model's blocks take a `rope` table (a rotary PEViT, or a timm Eva / vit_*_rope)."
-    pe = getattr(model, 'pos_embed', None)
-    if (isinstance(pe, PosEmbed) and pe.rotary) or (getattr(model, 'rope', None) is not None and hasattr(model, 'blocks')):
-        return 'rotary'
-    raise ValueError(f"{type(model).__name__} has no rotary position embedding: expected a PEViT with a rotary pe "
-                     "('rope', 'rope_mixed', 'ape_rope', 'rope_dinov3'), or a timm Eva / vit_*_rope model")
-
-def _block_ropes(model: nn.Module) -> list[torch.Tensor]:
-    "The `rope` table each block receives (PEViT and timm's Eva alike), recorded in one eval forward pass of a blank image."
-    ropes, blocks = {}, model.blocks
-    hooks = [b.register_forward_pre_hook(lambda m, a, kw, i=i: ropes.__setitem__(i, kw.get('rope')), with_kwargs=True,
-                                         prepend=True)          # before any knockout hook: the model's own tables
-             for i, b in enumerate(blocks)]
-    p = next(model.parameters())
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.no_grad(): model(torch.zeros(1, 3, *model.patch_embed.img_size, device=p.device, dtype=p.dtype))
-    finally:
-        model.train(was_training)
-        for h in hooks: h.remove()
-    if any(ropes.get(i) is None for i in range(len(blocks))):
-        raise ValueError(f"the blocks of {type(model).__name__} received no `rope` argument: not a rotary timm model")
-    return [ropes[i] for i in range(len(blocks))]
+def _rotary(model: nn.Module):
+    "The `anatomy` of a model whose blocks rotate q and k; a clear error for any other."
+    a = anatomy(model)
+    if not a.rotary: raise ValueError(f"this {a.family} model has no rotary position embedding (its position: "
+                                      f"{', '.join(a.position) or 'none'}): expected a PEViT with a rotary pe ('rope', "
+                                      "'rope_mixed', 'ape_rope', 'rope_dinov3'), or a timm Eva / vit_*_rope model")
+    return a
 
 def _rope_layout(sin: torch.Tensor) -> str:
     "How a rope table pairs elements into planes: (2i, 2i+1) 'interleaved', (i, i + D/2) 'half' (timm) or 'quarters' (PEViT)."
@@ -249,9 +224,8 @@ def _elements(m: torch.Tensor, layout: str) -> torch.Tensor: # (..., D/2) per pl
 
 def _rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, str]:
     "`rotary_tables` and the element layout of the model's rope tables (one code path for PEViT and timm)."
-    _rotary_kind(model)
     sins, coss = [], []
-    for r in _block_ropes(model):
+    for r in _rotary(model).rope_tables():
         s, c = r.detach().float().chunk(2, -1)
         if s.ndim == 2: s, c = s[None], c[None]                      # (1, N, D): shared by all heads
         layout = _rope_layout(s)
@@ -267,7 +241,8 @@ def rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]: # sin,
 # %% ../../nbs/11_mech.position.ipynb #bf0841ed
 def _classify_planes(model: nn.Module, sin: torch.Tensor, cos: torch.Tensor, tol: float = 1e-5) -> np.ndarray:
     L, Hh, N, P = sin.shape
-    gh, gw = model_grid_size(model)
+    a = anatomy(model)
+    gh, gw = a.grid_size
     if N != gh * gw: raise ValueError(f"the rotary tables have {N} tokens, the patch grid {gh}x{gw} has {gh * gw}")
     v = torch.stack([sin, cos], -1).reshape(L, Hh, gh, gw, P, 2)
     along_row = (v - v[:, :, :, :1]).abs().amax(dim=(2, 3, 5)) > tol    # changes within a row: follows the column
@@ -276,7 +251,7 @@ def _classify_planes(model: nn.Module, sin: torch.Tensor, cos: torch.Tensor, tol
     axes[(along_row & ~down_col).numpy()] = 'col'
     axes[(down_col & ~along_row).numpy()] = 'row'
     axes[(along_row & down_col).numpy()] = 'mixed'
-    return np.broadcast_to(axes, (L, model.blocks[0].attn.num_heads, P)).copy()
+    return np.broadcast_to(axes, (L, a.num_heads[0], P)).copy()
 
 def rotary_axes(model: nn.Module, tol: float = 1e-5) -> np.ndarray: # (depth, num_heads, planes) of str
     "The coordinate each rotary plane of each block and head follows: 'row', 'col', 'mixed' or 'none'."
@@ -328,8 +303,9 @@ def rope_knockout(model: nn.Module,
         m = elem[i].to(rope)[:, None, :]                              # (H, 1, D)
         s, c = rope.chunk(2, -1)
         return args, {**kwargs, 'rope': torch.cat([s * m, c * m + (1 - m)], -1)}
-    handles = [model.blocks[i].register_forward_pre_hook(lambda mod, a, kw, i=i: hook(mod, a, kw, i), with_kwargs=True)
-               for i in range(len(model.blocks)) if not bool(mask[i].all())]
+    blocks = anatomy(model).blocks
+    handles = [blocks[i].register_forward_pre_hook(lambda mod, a, kw, i=i: hook(mod, a, kw, i), with_kwargs=True)
+               for i in range(len(blocks)) if not bool(mask[i].all())]
     try: yield model
     finally:
         for h in handles: h.remove()
@@ -372,7 +348,7 @@ def probe_knockouts(model: nn.Module,
                    ) -> pd.DataFrame:
     "Position-probe accuracy at `layer` with the rotary planes of each axis knocked out in every block, and retention."
     for a in axes: check_choice('knockout axis', a, ROPE_AXES)
-    grid = model_grid_size(model)
+    grid = anatomy(model).grid_size
     feats = lambda: layer_tokens(model, batches, layer, point, max_images, show_progress=False)
     fit = lambda f: fit_position_probes(f, grid, targets, test_frac, seed, show_progress=False, **fit_kwargs)
     intact = feats()
@@ -386,11 +362,11 @@ def probe_knockouts(model: nn.Module,
     acc = df.pivot(index='knockout', columns='target', values='test_acc')
     df['retention'] = [retention(r.test_acc, acc.loc['all', r.target], acc.loc['none', r.target]) for r in df.itertuples()]
     keep = ['none', *axes]
-    return df[df.knockout.isin(keep)].assign(layer=block_index(model, layer), refit=refit).reset_index(drop=True)
+    return df[df.knockout.isin(keep)].assign(layer=anatomy(model).block_index(layer), refit=refit).reset_index(drop=True)
 
 # %% ../../nbs/11_mech.position.ipynb #29f7d66e
 def _late_ssdc(model, batches, layer, point, mode, n_perms, perm_seed, max_images) -> float:
-    runs = measure_ssdc(model, batches, mode, n_perms, perm_seed, layers=[block_index(model, layer)], point=point,
+    runs = measure_ssdc(model, batches, mode, n_perms, perm_seed, layers=[anatomy(model).block_index(layer)], point=point,
                         max_images=max_images, show_progress=False)
     return float(runs.values.mean())
 
@@ -407,8 +383,8 @@ def withheld_retention(model: nn.Module,
                        **meta,
                       ) -> pd.DataFrame:
     "SSDC at `layer` with rotations withheld in blocks 0..k-1, for each k, and its retention between k=L and k=0."
-    _rotary_kind(model)
-    L = len(model.blocks)
+    a = _rotary(model)
+    L = a.depth
     ks = list(range(L + 1)) if ks is None else [int(k) for k in ks]
     for k in ks:
         if not 0 <= k <= L: raise ValueError(f"k must be in 0..{L}, got {k}")
@@ -417,7 +393,7 @@ def withheld_retention(model: nn.Module,
     for k in pbar(list(dict.fromkeys([0, L, *ks])), show=show_progress, comment='withheld blocks'):
         with ctx(k): vals[k] = _late_ssdc(model, batches, layer, point, mode, n_perms, perm_seed, max_images)
     return pd.DataFrame([dict(**meta, withheld=k, ssdc=vals[k], retention=retention(vals[k], vals[L], vals[0]),
-                              layer=block_index(model, layer), point=point, mode=mode) for k in ks])
+                              layer=a.block_index(layer), point=point, mode=mode) for k in ks])
 
 def rebuild_heads(model: nn.Module,
                   batches: Iterable,
@@ -431,8 +407,8 @@ def rebuild_heads(model: nn.Module,
                   show_progress: bool | None = None,
                  ) -> pd.DataFrame:
     "With rotations withheld in the first blocks, knock out each later (block, head) in turn; sorted by the SSDC lost."
-    _rotary_kind(model)
-    H, last = model.blocks[0].attn.num_heads, block_index(model, layer)
+    a = _rotary(model)
+    H, last = a.num_heads[0], a.block_index(layer)
     if not 0 < withheld <= last:
         raise ValueError(f"withheld must be in 1..{last} (blocks after it rebuild, up to the measured block {last})")
     ssdc = lambda: _late_ssdc(model, batches, layer, point, mode, n_perms, perm_seed, max_images)

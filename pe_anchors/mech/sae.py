@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import check_choice, check_finite, grid_hw, pbar
+from ..anatomy import anatomy
 from ..interventions import measure_ssdc
-from .position import PositionProbes, block_index, layer_tokens
+from .position import PositionProbes, layer_tokens
 
 # %% auto #0
 __all__ = ['AUX_REDUCTIONS', 'TopKSAE', 'sae_stats', 'fit_sae', 'latent_position_means', 'position_selectivity',
@@ -211,13 +212,14 @@ def sae_ablation(model: nn.Module,
                 ):
     "Ablate `latents` of the SAE in the patch tokens entering `block` (error term added back) while inside."
     check_choice('ablation mode', mode, ('zero', 'mean'))
-    block = block_index(model, block)
+    a = anatomy(model)
+    block = a.block_index(block)
     idx = torch.tensor(np.asarray(latents, dtype=np.int64).reshape(-1))
     if len(idx) and not (0 <= int(idx.min()) and int(idx.max()) < sae.n_latents):
         raise IndexError(f"latents must be in 0..{sae.n_latents - 1}")
     if mode == 'mean' and (mean_acts is None or mean_acts.shape != (sae.n_latents,)):
         raise ValueError(f"mode='mean' needs mean_acts of shape ({sae.n_latents},)")
-    p = int(getattr(model, 'num_prefix_tokens', 1))
+    p = a.num_prefix_tokens
     def hook(module, args):
         x = args[0]
         xp = x[:, p:].float()
@@ -226,7 +228,7 @@ def sae_ablation(model: nn.Module,
         target = torch.zeros_like(z) if mode == 'zero' else mean_acts.to(z)[i].expand_as(z)
         new = xp + (target - z) @ sae.W_dec[i] / sae.scale           # = decode(z') + (x - decode(z))
         return (torch.cat([x[:, :p], new.to(x.dtype)], dim=1), *args[1:])
-    h = model.blocks[block].register_forward_pre_hook(hook)
+    h = a.blocks[block].register_forward_pre_hook(hook)
     try: yield model
     finally: h.remove()
 
@@ -259,7 +261,7 @@ def sae_causal_test(model: nn.Module,
                     show_progress: bool | None = None,
                    ) -> pd.DataFrame:
     "Probe accuracy, SSDC and top-1 with the selected latents ablated vs random latent sets vs intact (one row each)."
-    block, layer = block_index(model, block), block_index(model, layer)
+    block, layer = anatomy(model).block_index(block), anatomy(model).block_index(layer)
     if layer < block: raise ValueError(f"layer ({layer}) must be at or after the ablated block ({block})")
     latents = np.asarray(latents, dtype=np.int64).reshape(-1)
     if not len(latents): raise ValueError("no latents selected: lower the selectivity threshold of `positional_latents`")
