@@ -117,7 +117,8 @@ def test_cbs_from_the_command_line_reach_every_run(tmp_path, monkeypatch):
     from pe_anchors.cli import main
     seen = {}
     def fake(exp, out, **kw):
-        seen.update(exp=exp, **kw); return pd.DataFrame(dict(condition=['ape'], seed=[0]))
+        from pe_anchors.results import RESULT_COLUMNS
+        seen.update(exp=exp, **kw); return pd.DataFrame(columns=RESULT_COLUMNS)       # the table's schema, no runs
     monkeypatch.setattr(E, 'run_experiment', fake)
     assert main(['sweep', 'digits', '--out', str(tmp_path), '--cbs', 'csv', 'fastai.callback.progress:CSVLogger', '--quiet']) == 0
     assert seen['exp'].callbacks == ['csv'] and seen['extra_callbacks'] == ['fastai.callback.progress:CSVLogger']
