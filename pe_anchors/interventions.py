@@ -24,7 +24,7 @@ from .ssdc import ssdc_curve, bootstrap_ci, ssdc_from_similarity, token_similari
 
 # %% auto #0
 __all__ = ['SSDC_MODES', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table', 'pe_table_ssdc',
-           'pe_scaled', 'alpha_sweep']
+           'position_signal_ratio', 'pe_scaled', 'alpha_sweep']
 
 # %% ../nbs/07_interventions.ipynb #a768648c
 SSDC_MODES = {'normal': None, 'rpi': 'draw', 'rpi_image': 'image'}  # results-table mode -> TokenPermutation mode
@@ -168,6 +168,33 @@ def pe_table_ssdc(model: nn.Module, grid_size: int | Sequence[int] | None = None
     t = pe_table(model).float()
     grid = anatomy(model).grid_size if grid_size is None else grid_size
     return float(ssdc_from_similarity(token_similarity(t), grid, metric))
+
+# %% ../nbs/07_interventions.ipynb #27dea4a1
+@torch.no_grad()
+def position_signal_ratio(model: nn.Module,
+                          batches: Iterable,        # normalised image batches (B, 3, H, W)
+                         ) -> dict[str, float]:
+    "Size of the additive position signal against the content at block 0's input, before and after its LayerNorm."
+    a = anatomy(model)
+    model = a.model.eval()
+    table = None
+    if 'additive' in a.position:
+        table = pe_table(model) * (a.pos_embed.alpha if a.pos_embed is not None else 1.)    # (N, C), as added
+    ln = a.taps[0]
+    gamma = ln.weight if getattr(ln, 'weight', None) is not None else None
+    def contribution(v):                                      # gamma * centred v: its part of LN1's output, times sigma
+        v = v - v.mean(-1, keepdim=True)
+        return v * gamma if gamma is not None else v
+    before, after = [], []
+    for xb in batches:
+        c = a.patch_embed(xb.to(next(model.parameters()).device))  # (B, N, C) content
+        p = torch.zeros_like(c) if table is None else table.to(c).expand_as(c)
+        before.append((p.norm(dim=-1) / c.norm(dim=-1)).flatten())
+        after.append((contribution(p).norm(dim=-1) / contribution(c).norm(dim=-1)).flatten())
+    if not before: raise ValueError("position_signal_ratio needs at least one batch")
+    before, after = torch.cat(before).double(), torch.cat(after).double()
+    return dict(ratio_before_ln=before.mean().item(), ratio_after_ln=after.mean().item(),
+                median_before_ln=before.median().item(), median_after_ln=after.median().item())
 
 # %% ../nbs/07_interventions.ipynb #6f2ec384
 @contextmanager
