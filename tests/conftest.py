@@ -64,3 +64,32 @@ def fake_run(out: Path, exp, condition: str, seed: int, folder: str | None = Non
     write_results(result_frame(rows, experiment=name or exp.name, dataset='digits', condition=condition, seed=seed),
                   d / 'results.csv')
     return d
+
+
+# ---------------------------------------------------------------- small training fixtures shared by the test files
+FAST = dict(model_kwargs=dict(depth=1), show_progress=False, bs=64)   # one block, quiet: seconds per epoch on digits
+
+
+@pytest.fixture(scope='session')
+def small():
+    "256 training and 64 validation digits: enough for a few quick epochs."
+    import dataclasses
+    from pe_anchors.data import ImageSplit, digits
+    d = digits()
+    return dataclasses.replace(d, train=ImageSplit(d.train.labels[:256], images=d.train.images[:256]),
+                               valid=ImageSplit(d.valid.labels[:64], images=d.valid.images[:64]))
+
+
+def stop_after(epoch: int):
+    "A fastai callback that interrupts training (KeyboardInterrupt) at the end of `epoch`, after the run's checkpoint."
+    from fastai.callback.core import Callback
+    class StopAfter(Callback):
+        order = 99                                                      # after the run recorder's checkpoint
+        def after_epoch(self):
+            if self.epoch == epoch: raise KeyboardInterrupt
+    return StopAfter()
+
+
+def weights(model) -> dict:
+    "A detached copy of a model's state dict."
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,43 +1,27 @@
 """Silent wrong answers, lost data, stuck states and code run from a file: each case now either survives or stops with
 a message naming what is wrong (issue 24, section 1). Every test here failed on the code before the fix."""
-import dataclasses, json, os, shutil, subprocess, sys, warnings
+import dataclasses, json, os, shutil, subprocess, sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from fastai.callback.core import Callback
 
 import pe_anchors  # noqa: F401
 from pe_anchors.core import RunLock
-from pe_anchors.data import ImageData, ImageSplit, cifar10, decode_file, digits, image_folder
-from pe_anchors.experiment import (EvalData, Experiment, evaluate_model, preset, resolve_shard, run_dir_of,
+from pe_anchors.data import ImageSplit, cifar10, decode_file, image_folder
+from pe_anchors.experiment import (EvalData, Experiment, evaluate_model, preset, resolve_shard,
                                    run_experiment)
-from pe_anchors.learner import checkpoints, get_recipe, make_callbacks, pe_learner, train
+from pe_anchors.learner import checkpoints, make_callbacks, pe_learner, train
 from pe_anchors.results import concat_results, gather, load_results, read_results
 
-from conftest import fake_run
+from conftest import FAST, fake_run, stop_after, weights
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(model_kwargs=dict(depth=1), show_progress=False, bs=64)
 
 
-@pytest.fixture(scope='module')
-def small():
-    d = digits()
-    return dataclasses.replace(d, train=ImageSplit(d.train.labels[:256], images=d.train.images[:256]),
-                               valid=ImageSplit(d.valid.labels[:64], images=d.valid.images[:64]))
-
-
-class StopAfter(Callback):
-    order = 99                                                                  # after the run recorder's checkpoint
-    def __init__(self, epoch): self.stop = epoch
-    def after_epoch(self):
-        if self.epoch == self.stop: raise KeyboardInterrupt
-
-
-def _weights(model): return {k: v.detach().clone() for k, v in model.state_dict().items()}
+_weights = weights
 
 
 # ---------------------------------------------------------------- runs checked by every reader of a directory
@@ -200,7 +184,7 @@ def test_a_checkpoint_that_does_not_fit_the_model_falls_back(small, tmp_path, da
     from safetensors.torch import load_file, save_file
     full = train('ape', small, run_dir=tmp_path / 'full', epochs=3, **FAST)
     run = tmp_path / 'cut'
-    with pytest.raises(KeyboardInterrupt): train('ape', small, run_dir=run, epochs=3, cbs=[StopAfter(1)], **FAST)
+    with pytest.raises(KeyboardInterrupt): train('ape', small, run_dir=run, epochs=3, cbs=[stop_after(1)], **FAST)
     f = checkpoints(run)[-1] / 'model.safetensors'
     sd = load_file(str(f))
     if damage == 'missing': sd.pop('head.bias')
@@ -229,7 +213,7 @@ def test_a_torn_final_model_is_rebuilt_from_the_last_checkpoint(small, tmp_path)
 def test_an_emptied_metrics_csv_is_restored_on_resume(small, tmp_path):
     import csv
     run = tmp_path / 'run'
-    with pytest.raises(KeyboardInterrupt): train('ape', small, run_dir=run, epochs=3, cbs=[StopAfter(1)], **FAST)
+    with pytest.raises(KeyboardInterrupt): train('ape', small, run_dir=run, epochs=3, cbs=[stop_after(1)], **FAST)
     before = list(csv.DictReader((run / 'metrics.csv').open()))
     (run / 'metrics.csv').write_text('')
     with pytest.warns(UserWarning, match=r'metrics.csv.*epochs 0\.\.1.*restored'):

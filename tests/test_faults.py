@@ -3,40 +3,23 @@
 Kills at chosen points of every write, torn / duplicated / stale / foreign files, two writers, a full or read-only
 disk (simulated by patching, since the tests run as a user that can write everywhere), a planted pickle payload, and
 the inputs that used to give silent wrong answers."""
-import dataclasses, errno, json, multiprocessing as mp, os, subprocess, sys, warnings
+import errno, json, multiprocessing as mp, os, subprocess, sys, warnings
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 import pe_anchors  # noqa: F401
-from pe_anchors.core import RunLock, read_json, write_atomic
-from pe_anchors.data import ImageSplit, digits
+from pe_anchors.core import read_json, write_atomic
+from pe_anchors.data import digits
 from pe_anchors.experiment import EvalData, check_run, preset, run_experiment, run_one
-from pe_anchors.learner import checkpoints, fit_recipe, last_checkpoint, pe_learner, train
-from pe_anchors.results import gather, read_results, result_frame, write_results
-from fastai.callback.core import Callback
+from pe_anchors.learner import checkpoints, last_checkpoint, pe_learner, train
+from pe_anchors.results import gather, result_frame, write_results
 
-FAST = dict(model_kwargs=dict(depth=1), show_progress=False, bs=64)
-
-
-@pytest.fixture(scope='module')
-def small():
-    d = digits()
-    return dataclasses.replace(d, train=ImageSplit(d.train.labels[:256], images=d.train.images[:256]),
-                               valid=ImageSplit(d.valid.labels[:64], images=d.valid.images[:64]))
+from conftest import FAST, stop_after, weights
 
 
-class StopAfter(Callback):
-    order = 99                                                                  # after the run recorder's checkpoint
-    def __init__(self, epoch): self.stop = epoch
-    def after_epoch(self):
-        if self.epoch == self.stop: raise KeyboardInterrupt
-
-
-def _weights(out): return {k: v.clone() for k, v in out['learn'].model.state_dict().items()}
+def _weights(out): return weights(out['learn'].model)
 
 
 # ---------------------------------------------------------------- 1. code execution on resume
@@ -48,7 +31,7 @@ def test_a_planted_pickle_payload_is_not_executed(small, tmp_path, monkeypatch):
     flag = tmp_path / 'pwned'
     monkeypatch.setenv('PAYLOAD_FLAG', str(flag))
     run = tmp_path / 'run'
-    with pytest.raises(KeyboardInterrupt): train('ape', small, run_dir=run, epochs=3, cbs=[StopAfter(1)], **FAST)
+    with pytest.raises(KeyboardInterrupt): train('ape', small, run_dir=run, epochs=3, cbs=[stop_after(1)], **FAST)
     for ck in checkpoints(run): torch.save({'epoch': 0, 'evil': _Payload()}, ck / 'state.pt')
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
@@ -60,7 +43,7 @@ def test_a_planted_pickle_payload_is_not_executed(small, tmp_path, monkeypatch):
 # ---------------------------------------------------------------- 2. kills leave resumable runs
 def test_a_torn_newest_checkpoint_falls_back_to_the_previous_one(small, tmp_path):
     full = train('rpt', small, run_dir=tmp_path / 'full', epochs=4, **FAST)
-    with pytest.raises(KeyboardInterrupt): train('rpt', small, run_dir=tmp_path / 'cut', epochs=4, cbs=[StopAfter(2)], **FAST)
+    with pytest.raises(KeyboardInterrupt): train('rpt', small, run_dir=tmp_path / 'cut', epochs=4, cbs=[stop_after(2)], **FAST)
     newest = last_checkpoint(tmp_path / 'cut')
     assert newest.name == 'epoch_002' and len(checkpoints(tmp_path / 'cut')) == 2
     (newest / 'state.pt').write_bytes((newest / 'state.pt').read_bytes()[:100])           # killed mid-write
@@ -80,7 +63,7 @@ def test_a_zero_byte_final_json_is_rebuilt(small, tmp_path):
 
 def test_a_torn_metrics_line_is_named(small, tmp_path):
     run = tmp_path / 'run'
-    with pytest.raises(KeyboardInterrupt): train('ape', small, run_dir=run, epochs=3, cbs=[StopAfter(1)], **FAST)
+    with pytest.raises(KeyboardInterrupt): train('ape', small, run_dir=run, epochs=3, cbs=[stop_after(1)], **FAST)
     m = run / 'metrics.csv'
     m.write_text(m.read_text() + '2,1.2')                                      # a torn line
     with pytest.raises(ValueError, match='metrics.csv is torn'): train('ape', small, run_dir=run, epochs=3, **FAST)

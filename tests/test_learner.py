@@ -1,5 +1,5 @@
 """pe_anchors.learner: recipes, optimiser groups, run directories, exact resume, determinism, DDP, benchmark."""
-import csv, dataclasses, json, os, socket, subprocess, sys
+import csv, json, os, socket, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -9,21 +9,15 @@ from fastai.callback.core import Callback
 from fastai.optimizer import OptimWrapper
 
 from pe_anchors.callback.permute import RPT
-from pe_anchors.data import digits, ImageSplit
+from pe_anchors.data import digits
 from pe_anchors.learner import (RECIPES, get_recipe, SoftTargetCE, wd_param_groups, param_groups, pe_learner, fit_recipe, train,
                                 last_checkpoint, pe_splitter)
 from pe_anchors.pos_embed import PE_NAMES
 from pe_anchors.vit import load_checkpoint
 
+from conftest import FAST, stop_after, weights
+
 ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(model_kwargs=dict(depth=1), show_progress=False, bs=64)
-
-
-@pytest.fixture(scope='module')
-def small():
-    d = digits()
-    return dataclasses.replace(d, train=ImageSplit(d.train.labels[:256], images=d.train.images[:256]),
-                               valid=ImageSplit(d.valid.labels[:64], images=d.valid.images[:64]))
 
 
 def test_paper_recipe_is_the_papers():
@@ -153,7 +147,7 @@ def test_conditions_set_pe_and_rpt(small):
     with pytest.raises(ValueError, match='expects 32px'): pe_learner(small, model='pe_vit_tiny_patch4_32', **FAST)
 
 
-def _weights(res): return {k: v.clone() for k, v in res['learn'].model.state_dict().items()}
+def _weights(res): return weights(res['learn'].model)
 
 
 def test_same_seed_same_weights(small):
@@ -176,7 +170,7 @@ def test_interrupted_run_resumes_to_identical_weights(tmp_path, small, condition
     kw = dict(epochs=3, **FAST)
     full = train(condition, small, run_dir=tmp_path / 'full', **kw)
     with pytest.raises(KeyboardInterrupt):
-        train(condition, small, run_dir=tmp_path / 'cut', cbs=[StopAfter(1)], **kw)
+        train(condition, small, run_dir=tmp_path / 'cut', cbs=[stop_after(1)], **kw)
     assert last_checkpoint(tmp_path / 'cut').name == 'epoch_001'
     assert not (tmp_path / 'cut' / 'final.json').exists()
     resumed = train(condition, small, run_dir=tmp_path / 'cut', **kw)
