@@ -169,7 +169,7 @@ def pe_table_ssdc(model: nn.Module, grid_size: int | Sequence[int] | None = None
     grid = anatomy(model).grid_size if grid_size is None else grid_size
     return float(ssdc_from_similarity(token_similarity(t), grid, metric))
 
-# %% ../nbs/07_interventions.ipynb #27dea4a1
+# %% ../nbs/07_interventions.ipynb #6ccbb644
 @torch.no_grad()
 def position_signal_ratio(model: nn.Module,
                           batches: Iterable,        # normalised image batches (B, 3, H, W)

@@ -22,8 +22,8 @@ from .results import (FS_CHANCE_FACTOR, PEAK_METRIC, alpha_rows, chance_level, f
 from .plots import plot_fragility, plot_shift_curves, plot_ssdc
 
 # %% auto #0
-__all__ = ['EXPERIMENT_DEFAULTS', 'seed_stats', 'fmt_mean_sd', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4', 'fig5',
-           'fig_alpha', 'fig_severity', 'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts',
+__all__ = ['EXPERIMENT_DEFAULTS', 'seed_stats', 'fmt_mean_sd', 'fmt_seeds', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4',
+           'fig5', 'fig_alpha', 'fig_severity', 'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts',
            'compare_verdicts', 'table_rpi', 'rpi_summary', 'md_table', 'report_meta', 'write_report']
 
 # %% ../nbs/10_report.ipynb #9a0a2a58
@@ -61,7 +61,7 @@ def _sweep(df, condition, metric) -> pd.Series:
     "Mean over seeds per α of one condition's α-sweep metric."
     return _sweep_rows(df, condition, metric).groupby('alpha')['value'].mean()
 
-def _fmt_seeds(values: pd.Series, digits: int = 3) -> str:
+def fmt_seeds(values: pd.Series, digits: int = 3) -> str:
     "One value per seed as 'mean ± SD' (one seed: the value)."
     return fmt_mean_sd(*seed_stats(values)[:2], digits=digits) if len(values) else '–'
 
@@ -539,7 +539,7 @@ def table_rpi(df: pd.DataFrame) -> pd.DataFrame:
         rpi = _rpi_rows(df, c, ssdc_metric(mode), mode)
         if rpi.empty: continue
         last = int(rpi['layer'].max())
-        at = lambda l: _fmt_seeds(rpi[rpi['layer'] == l]['value'])
+        at = lambda l: fmt_seeds(rpi[rpi['layer'] == l]['value'])
         try: delta = str(_delta_measure(df, c, mode))
         except KeyError: delta = '–'
         try: peak, layers = _peak_measure(df, c, mode)
@@ -548,7 +548,7 @@ def table_rpi(df: pd.DataFrame) -> pd.DataFrame:
         rows.append({'condition': condition_label(c), 'seeds': rpi['seed'].nunique(), 'layer 0': at(0), 'layer 1': at(1),
                      'last layer': at(last), 'ΔSSDC': delta, 'peak': str(peak),
                      'peak layer': ' / '.join(map(str, layers)) if len(set(layers)) > 1 else str(layers[0]),
-                     'unpermuted, last layer': _fmt_seeds(plain[plain['layer'] == plain['layer'].max()]['value'])})
+                     'unpermuted, last layer': fmt_seeds(plain[plain['layer'] == plain['layer'].max()]['value'])})
     return pd.DataFrame(rows)
 
 def rpi_summary(df: pd.DataFrame) -> list[str]:

@@ -17,7 +17,7 @@ from .core import read_json, write_atomic
 __all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC', 'DATASET_CLASSES', 'FS_CHANCE_FACTOR',
            'result_row', 'result_frame', 'write_results', 'read_results', 'ssdc_metric', 'peak_rpi', 'with_peak_rpi',
            'concat_results', 'one_dataset', 'gather', 'load_results', 'check_runs', 'main_rows', 'alpha_rows',
-           'fragility', 'fragility_frame', 'summarize_fragility', 'chance_level', 'near_chance']
+           'fragility', 'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
 
 # %% ../nbs/00_results.ipynb #4e4a890d
 RESULT_COLUMNS = ('experiment', 'dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity',
@@ -264,6 +264,27 @@ def summarize_fragility(df: pd.DataFrame) -> pd.DataFrame:
     out = g.agg(n_seeds=('seed', 'nunique'), acc_clean_mean=('acc_clean', 'mean'), acc_clean_sd=('acc_clean', 'std'),
                 acc_mean=('acc', 'mean'), acc_sd=('acc', 'std'), fs_mean=('fs', 'mean'), fs_sd=('fs', 'std'))
     return out.reset_index()
+
+# %% ../nbs/00_results.ipynb #2a720b5c
+def seed_values(df: pd.DataFrame,
+                condition: str,
+                metric: str,                    # 'ssdc', 'acc', 'fs', 'delta_ssdc', 'peak_ssdc', 'pe_table_ssdc', ...
+                mode: str | None = 'normal',    # 'normal', 'rpi', ...; None: any
+                layer: int | None = None,
+                shift: str | None = None,       # 'clean', 'jpeg', 'blur' (shifted ones at the paper's severity)
+                alpha: float | None = None,     # None: the ordinary rows; a value: that α of the α sweep
+                stage: str = 'trained',
+               ) -> pd.Series:                  # value per seed, indexed by seed
+    "One measurement of one condition, one value per seed."
+    d = main_rows(df) if alpha is None else alpha_rows(df)
+    d = d[(d['condition'] == condition) & (d['metric'] == metric) & (d['stage'] == stage)]
+    if alpha is not None: d = d[np.isclose(d['alpha'].astype(float), alpha)]
+    if mode is not None: d = d[d['mode'] == mode]
+    if layer is not None: d = d[d['layer'] == layer]
+    if shift is not None: d = d[(d['shift'] == shift) & ((shift == 'clean') | (d['severity'].astype(str) == 'paper'))]
+    if d.duplicated('seed').any():
+        raise ValueError(f"{condition} {metric}: several rows per seed; narrow it with mode / layer / shift / alpha")
+    return d.set_index('seed')['value'].sort_index()
 
 # %% ../nbs/00_results.ipynb #1860d75b
 DATASET_CLASSES = {'digits': 10, 'cifar10': 10, 'imagenet100': 100}   # classes of the datasets data.get_data names
