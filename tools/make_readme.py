@@ -30,7 +30,7 @@ def _link(m: re.Match, site: str) -> str:
     return f"](nbs/{target})"
 
 def readme_text(nb_path: Path = ROOT / 'nbs' / 'index.ipynb') -> str:
-    "README markdown: the notebook's markdown cells and its shown code cells, links made to work from the repository root."
+    "README markdown: the notebook's markdown cells, its shown code cells and the markdown printed by its `echo: false` cells."
     out, site = [], site_url()
     for c in json.loads(nb_path.read_text())['cells']:
         src = ''.join(c['source']).strip('\n')
@@ -40,6 +40,10 @@ def readme_text(nb_path: Path = ROOT / 'nbs' / 'index.ipynb') -> str:
             out.append(src)
         elif c['cell_type'] == 'code' and not src.startswith('#|'):
             out.append(f"```python\n{src}\n```")
+        elif c['cell_type'] == 'code' and re.search(r'^#\|\s*echo:\s*false', src, flags=re.M):   # a reading printed from values:
+            for o in c.get('outputs', []):                                                     # its markdown output
+                md = o.get('data', {}).get('text/markdown')
+                if md: out.append(re.sub(r'\]\((?!https?:|#)([^)]+)\)', lambda m: _link(m, site), ''.join(md).strip('\n')))
     return '\n\n'.join(out) + '\n'
 
 if __name__ == '__main__':
