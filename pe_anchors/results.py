@@ -265,7 +265,7 @@ def summarize_fragility(df: pd.DataFrame) -> pd.DataFrame:
                 acc_mean=('acc', 'mean'), acc_sd=('acc', 'std'), fs_mean=('fs', 'mean'), fs_sd=('fs', 'std'))
     return out.reset_index()
 
-# %% ../nbs/00_results.ipynb #2a720b5c
+# %% ../nbs/00_results.ipynb #3e96c734
 def seed_values(df: pd.DataFrame,
                 condition: str,
                 metric: str,                    # 'ssdc', 'acc', 'fs', 'delta_ssdc', 'peak_ssdc', 'pe_table_ssdc', ...
