@@ -17,14 +17,15 @@ from .core import N_PERMS, PAPER_CONDITIONS, condition_label, condition_order, r
 from .paper import (PAPER_ALPHA, PAPER_LABEL, PAPER_RPI_RANGES, PAPER_SSDC, PAPER_TABLE5, PAPER_UNTRAINED_NOPE,
                               paper_curves, paper_table5)
 from .results import (FS_CHANCE_FACTOR, PEAK_METRIC, alpha_rows, chance_level, fragility_frame, load_results,
-                                main_rows, near_chance, result_row, ssdc_metric, summarize_fragility, with_peak_rpi,
+                                main_rows, near_chance, result_row, seed_values, ssdc_metric, summarize_fragility, with_peak_rpi,
                                 write_results)
 from .plots import plot_fragility, plot_shift_curves, plot_ssdc
 
 # %% auto #0
-__all__ = ['EXPERIMENT_DEFAULTS', 'seed_stats', 'fmt_mean_sd', 'fmt_seeds', 'synthetic_results', 'fig1', 'fig2', 'fig3', 'fig4',
-           'fig5', 'fig_alpha', 'fig_severity', 'table5', 'table_alpha', 'Measure', 'NotTestable', 'verdicts',
-           'compare_verdicts', 'table_rpi', 'rpi_summary', 'md_table', 'report_meta', 'write_report']
+__all__ = ['ANCHOR_DELTA', 'ANCHOR_LEVEL', 'EXPERIMENT_DEFAULTS', 'seed_stats', 'fmt_mean_sd', 'fmt_seeds', 'synthetic_results',
+           'fig1', 'fig2', 'fig3', 'fig4', 'fig5', 'fig_alpha', 'fig_severity', 'table5', 'table_alpha', 'Measure',
+           'NotTestable', 'verdicts', 'compare_verdicts', 'table_rpi', 'rpi_summary', 'anchoring', 'readings',
+           'md_table', 'report_meta', 'write_report', 'summary_table', 'setting_line']
 
 # %% ../nbs/10_report.ipynb #9a0a2a58
 def seed_stats(s: pd.Series) -> tuple[float, float, int]:
@@ -563,6 +564,109 @@ def rpi_summary(df: pd.DataFrame) -> list[str]:
     n = int(t['seeds'].max())
     return lines + [f"(±: SD over {n} seeds)" if n > 1 else "(±: one run's standard error over its permutation draws)"]
 
+# %% ../nbs/10_report.ipynb #b3e5532c
+ANCHOR_DELTA = .1     # the paper's ΔSSDC for "anchored after block 0" (the APE claim)
+ANCHOR_LEVEL = .05    # RPI-SSDC above which a layer counts as index-anchored (the SPE claim's threshold)
+
+def _rpi_at(df, condition, layer, stage='trained') -> pd.Series:
+    mode = _rpi_mode(df)
+    return seed_values(df, condition, ssdc_metric(mode), mode, layer=layer, stage=stage)
+
+def _ordering(ms: dict, chance: float, accs: dict) -> str:
+    "'RPT .575 > NoPE .558 > …' by mean; a condition whose clean accuracy is near chance is named apart, without its FS."
+    ok = {c: m for c, m in ms.items() if not near_chance(accs[c].mean, chance)}
+    s = ' > '.join(f"{condition_label(c)} {m}" for c, m in sorted(ok.items(), key=lambda kv: -kv[1].mean))
+    low = [condition_label(c) for c in ms if c not in ok]
+    quiet = [condition_label(c) for c, m in ok.items() if not _above_noise(m)]
+    return (s + (f"; within noise of 0: {', '.join(quiet)}" if quiet else '')
+            + (f" ({', '.join(low)} left out: clean accuracy below {FS_CHANCE_FACTOR:g} × chance)" if low else ''))
+
+def anchoring(df: pd.DataFrame, condition: str) -> dict:
+    """Where `condition` is index-anchored: RPI-SSDC at layer 0, ΔSSDC, the peak and its layer(s), and a phrase —
+    'at the input' (layer 0 > `ANCHOR_LEVEL`), 'after block 0' (ΔSSDC > `ANCHOR_DELTA`), 'late, at layer k' (peak >
+    `ANCHOR_LEVEL` deeper), or 'nowhere' (peak ≤ `ANCHOR_LEVEL`). Values are means over seeds."""
+    mode = _rpi_mode(df)
+    l0, delta = Measure(*seed_stats(_rpi_at(df, condition, 0))), _delta_measure(df, condition, mode)
+    peak, layers = _peak_measure(df, condition, mode)
+    if l0.mean > ANCHOR_LEVEL: where = 'at the input'
+    elif delta.mean > ANCHOR_DELTA: where = 'after block 0'
+    elif peak.mean > ANCHOR_LEVEL: where = f"late, at layer {' / '.join(map(str, sorted(set(layers))))}"
+    else: where = 'nowhere'
+    return dict(layer0=l0, delta=delta, peak=peak, peak_layers=layers, where=where)
+
+def _alpha_reading(df, chance, n) -> str:
+    d, acc, fs = (_sweep(df, 'ape', m) for m in ('delta_ssdc', 'acc', 'fs'))
+    hi, lo = float(d.index.max()), float(d.index.min())
+    dag = lambda a: '†' if near_chance(acc.get(a, math.nan), chance) else ''
+    v = verdicts(df, None if math.isnan(chance) else round(1 / chance)).set_index('claim')['verdict']
+    claims = [c for c, *_ in _claims() if c.startswith('Scaling the APE')]
+    return (f"**α-scaling the APE**{' (means over seeds)' if n > 1 else ''}. ΔSSDC is {_fmt3(d[hi])} at α = {hi:g}, largest ({_fmt3(d.max())}) "
+            f"at α = {float(d.idxmax()):g} and {_fmt3(d[lo])} at α = {lo:g}; clean accuracy goes from {_fmt3(acc[hi])} to "
+            f"{_fmt3(acc[lo])} and JPEG FS from {_fmt3(fs[hi])}{dag(hi)} to {_fmt3(fs[lo])}{dag(lo)}. The two α claims read "
+            f"*{v[claims[0]]}* (ΔSSDC collapses) and *{v[claims[1]]}* (fragility rises)."
+            + (f" † FS near chance (clean accuracy below {FS_CHANCE_FACTOR:g} × chance): not meaningful." if dag(lo) or dag(hi) else ''))
+
+def _family_reading(df, c, acc, chance) -> str:
+    a = anchoring(df, c)
+    fs = [f"{k} FS {_fs_measure(df, c, k.lower())}" for k in ('JPEG', 'blur') if _has_fs(df, c, k.lower())]
+    txt = (f"**{condition_label(c)}**: index-anchored {a['where']} (RPI-SSDC {a['layer0']} at layer 0, ΔSSDC {a['delta']}, "
+           f"peak {a['peak']} at layer {' / '.join(map(str, a['peak_layers']))}); clean accuracy {acc[c]}"
+           + (f", {', '.join(fs)}" if fs and not near_chance(acc[c].mean, chance) else '') + '.')
+    if c == 'peg' and a['layer0'].mean <= ANCHOR_LEVEL and a['where'] != 'nowhere':
+        txt += (" PEG has no position table, so this anchoring comes from its convolution's zero padding, which tells "
+                "border tokens from interior ones (CPVT's argument).")
+    return txt
+
+def readings(df: pd.DataFrame, num_classes: int | None = None,
+             conditions: Sequence[str] | None = None,   # default: every condition of the table
+            ) -> str:
+    """What a results table shows, as markdown bullets built from its values (a bullet only where its measurements
+    exist): for the paper's conditions the APE's anchoring and α sweep, the SPE, RoPE, the controls; for any other PE
+    where it is anchored (`anchoring`), its accuracy and fragility; then the fragility ordering."""
+    have = set(main_rows(df)['condition'])
+    if conditions is not None:
+        missing = sorted(set(conditions) - have)
+        if missing: raise ValueError(f"condition(s) {missing} not in the table (it holds {condition_order(have)})")
+        have = set(conditions)
+    chance, out = chance_level(df, num_classes), []
+    n = int(main_rows(df).query("stage == 'trained'")['seed'].nunique())
+    acc = {c: _acc_measure(df, c) for c in condition_order(have)}
+    if 'ape' in have:
+        a, tab = anchoring(df, 'ape'), [seed_values(df, 'ape', 'pe_table_ssdc', stage=s) for s in ('untrained', 'trained')]
+        txt = (f"its table's own SSDC goes from {fmt_seeds(tab[0])} at initialisation to {fmt_seeds(tab[1])}; "
+               if all(len(t) for t in tab) else '')
+        out.append(f"**APE**: {txt}under RPI it keeps {a['layer0']} at layer 0 and {fmt_seeds(_rpi_at(df, 'ape', 1))} "
+                   f"after block 0, ΔSSDC {a['delta']}: {'above' if a['delta'].mean > ANCHOR_DELTA else 'below'} the "
+                   f"paper's threshold of {ANCHOR_DELTA:g} for anchoring by block 0, and "
+                   f"{'already' if a['layer0'].mean > ANCHOR_LEVEL else 'not'} anchored at the input (RPI-SSDC above "
+                   f"{ANCHOR_LEVEL:g} at layer 0).")
+        if len(_sweep(df, 'ape', 'delta_ssdc')) >= 2: out.append(_alpha_reading(df, chance, n))
+    for c in ('spe', 'rope'):
+        if c not in have: continue
+        a = anchoring(df, c)
+        out.append(f"**{condition_label(c)}**: RPI-SSDC {a['layer0']} at layer 0, ΔSSDC {a['delta']}, peak {a['peak']} at "
+                   f"layer {' / '.join(map(str, a['peak_layers']))}: index-anchored {a['where']}.")
+    ctl = [c for c in ('nope', 'rpt') if c in have]
+    if ctl:
+        mode = _rpi_mode(df)
+        worst = {c: _curve(df, c, mode).abs().max() for c in ctl}
+        plain = {c: _curve(df, c, 'normal').iloc[-1] for c in ctl}
+        out.append("**Controls**: " + '; '.join(f"{condition_label(c)} has max |RPI-SSDC| {_fmt3(worst[c])} over layers "
+                                                  f"and unpermuted SSDC {_fmt3(plain[c])} at the last layer" for c in ctl)
+                   + '. Clean accuracy ' + ', '.join(f"{condition_label(c)} {acc[c]}" for c in acc) + '.')
+    out += [_family_reading(df, c, acc, chance) for c in condition_order(have - set(PAPER_CONDITIONS))]
+    fs = {k: {c: _fs_measure(df, c, k) for c in acc if _has_fs(df, c, k)} for k in ('jpeg', 'blur')}
+    for k, ms in fs.items():
+        if len(ms) > 1: out.append(f"**{'JPEG' if k == 'jpeg' else 'Blur'} fragility**, most to least fragile: "
+                                   f"{_ordering(ms, chance, acc)}.")
+    note = f"± is the SD over {n} seeds" if n > 1 else "one seed: ± is the run's standard error (permutation draws for SSDC, binomial for accuracy and FS)"
+    return '\n'.join(f"- {b}" for b in out) + (f"\n\n({note}.)" if out else '')
+
+def _has_fs(df, condition, kind) -> bool:
+    try: _fs_measure(df, condition, kind); return True
+    except KeyError: return False
+
+
 # %% ../nbs/10_report.ipynb #50777748
 def md_table(df: pd.DataFrame) -> str:
     "A GitHub-flavoured markdown table (no extra dependency)."
@@ -694,3 +798,30 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
     write_results(df, dest / 'results.csv')
     write_atomic(dest / 'meta.json', json.dumps(meta, indent=2, default=str))
     return dest / 'report.md'
+
+# %% ../nbs/10_report.ipynb #cc0d9061
+def summary_table(df: pd.DataFrame, num_classes: int | None = None) -> pd.DataFrame:
+    "One row per condition: clean accuracy and fragility (`table5`, ours only) beside where it is anchored (`table_rpi`)."
+    t5 = table5(df, num_classes)
+    t5 = t5[[c for c in t5.columns if not c.startswith('paper')]]
+    rpi = table_rpi(df)[['condition', 'layer 0', 'ΔSSDC', 'peak', 'peak layer']].rename(columns={'layer 0': 'RPI layer 0'})
+    return t5.merge(rpi, on='condition', how='left')
+
+def setting_line(path: str | Path) -> str:
+    """One paragraph on how a committed experiment was run, from the `meta.json` beside its results (or its directory):
+    runs and seeds, model, recipe, data, the SSDC sample, hardware, and the training and evaluation time in all
+    (training by the learner's own clock, less any time the run was paused for other jobs, `paused_s`)."""
+    p = Path(path)
+    m = report_meta(p)
+    e, runs = m.get('experiment') or {}, m.get('runs') or []
+    if not runs: raise ValueError(f"no run records in the meta.json of {p}")
+    hw = sorted({r['hardware'] for r in runs if r.get('hardware')})
+    fit = sum((r.get('train') or {}).get('train_time_s', 0) - r.get('paused_s', 0) for r in runs)
+    ev = sum(r.get('eval_s', 0) for r in runs)
+    dur = lambda s: f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
+    seeds = sorted({r['seed'] for r in runs})
+    return (f"**{e.get('name') or p.parent.name}**: {len(runs)} runs (seeds {', '.join(map(str, seeds))}), model "
+            f"`{e.get('model') or 'default'}`, recipe `{e.get('recipe')}` {e.get('train_kwargs')}, data `{e.get('data')}` "
+            f"{e.get('data_kwargs') or ''}; SSDC over {e.get('ssdc_images')} class-stratified validation images, RPI "
+            f"averaged over {e.get('n_perms')} draws. Hardware: {'; '.join(hw)}. Training {dur(fit)} in all, "
+            f"evaluation {dur(ev)}.")
