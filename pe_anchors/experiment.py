@@ -19,17 +19,20 @@ from .core import (CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, auto_threads,
                              show_progress, write_atomic)
 from .anatomy import anatomy, model_family
 from .paper import PAPER_ALPHAS
-from .results import fragility, gather, peak_rpi, read_results, result_row, write_results
+from .results import (fragility, gather, main_rows, peak_rpi, read_results, result_row, ssdc_metric,
+                                write_results)
 from .data import ImageData, get_data, stratified_sample
 from .vit import load_checkpoint, save_hub
 from .learner import (CALLBACKS, DEFAULT_MODELS, build_model, config_diff, get_recipe, make_callbacks, pe_learner,
                                 train)
-from .interventions import SSDC_MODES, alpha_sweep, pe_table_ssdc, ssdc_trajectories
+from .interventions import (SSDC_MODES, alpha_sweep, pe_table_ssdc, position_signal_ratio,
+                                      ssdc_trajectories)
 from .robustness import SHIFT_KINDS, ShiftedSets, evaluate_accuracy, evaluate_shifts, make_shift
 
 # %% auto #0
 __all__ = ['PRESETS', 'RESTART_FILES', 'Experiment', 'preset', 'EvalData', 'evaluate_model', 'check_experiment', 'check_run',
-           'resolve_shard', 'run_dir_of', 'run_one', 'run_experiment', 'load_trained', 'load_run_model', 'export_run']
+           'resolve_shard', 'run_dir_of', 'run_one', 'init_model', 'run_experiment', 'load_trained', 'load_run_model',
+           'signal_ratios', 'export_run']
 
 # %% ../nbs/09_experiment.ipynb #f2551c4f
 @dataclass
@@ -317,12 +320,17 @@ def run_one(exp: Experiment, data: ImageData, ev: EvalData, condition: str, seed
         if threads == 'auto': set_threads(auto_threads())          # the evaluation runs with the cores free now
         return _run_one(exp, data, ev, condition, seed, run_dir, done, device, show, extra_callbacks, threads)
 
+def init_model(exp: Experiment, data: ImageData, condition: str, seed: int, device=None) -> nn.Module:
+    "Run (condition, seed)'s model at initialisation, built as the run builds it (its seed, recipe, model and style)."
+    return pe_learner(data, condition, recipe=exp.recipe, seed=seed, model=exp.model, model_kwargs=exp.model_kwargs,
+                      device=device, show_progress=False, **exp.train_kwargs).model
+
 def _run_one(exp, data, ev, condition, seed, run_dir: Path, done: Path, device, show, extra_callbacks, threads) -> pd.DataFrame:
     kw = dict(model=exp.model, model_kwargs=exp.model_kwargs, device=device, show_progress=show)
     t0 = time.perf_counter()
     frames = []
     if exp.untrained:
-        init = pe_learner(data, condition, recipe=exp.recipe, seed=seed, **kw, **exp.train_kwargs).model
+        init = init_model(exp, data, condition, seed, device)
         frames.append(evaluate_model(init, ev, exp, condition, seed, 'untrained', show=False))
     cbs = make_callbacks(exp.callbacks) + make_callbacks(extra_callbacks, allow_import=True)
     out = train(condition, data, exp.recipe, run_dir=run_dir / 'train', seed=seed, cbs=cbs, threads=threads,
@@ -453,6 +461,36 @@ def load_run_model(out_dir: str | Path, condition: str, seed: int = 0, map_locat
     if not p.exists(): raise FileNotFoundError(f"run {condition}-s{seed} has no final model at {p} (not finished?)")
     return load_trained(p, map_location)[0]
 
+
+# %% ../nbs/09_experiment.ipynb #f4b76f47
+def signal_ratios(out_dir: str | Path,
+                  data_path: str | Path | None = None,   # the data's location when the experiment's own is not valid here
+                  device=None) -> pd.DataFrame:
+    """One row per finished run and stage ('untrained', 'trained'): the position signal against the content at block 0's
+    attention input (before / after LN1, mean and median over tokens and images of the SSDC sample), the layer-0 SSDC
+    under RPI and the position table's own SSDC of the same run."""
+    out_dir = Path(out_dir)
+    if not (out_dir / 'experiment.json').exists(): raise FileNotFoundError(f"no experiment at {out_dir} (no experiment.json)")
+    exp = Experiment.load(out_dir / 'experiment.json')
+    data = get_data(exp.data, **{**exp.data_kwargs, **({'path': str(data_path)} if data_path else {})})
+    ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device=device, sample_seed=exp.sample_seed)
+    runs = sorted((out_dir / 'runs').glob('*/results.csv'))
+    if not runs: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'}")
+    rows, metric = [], ssdc_metric(exp.rpi_mode)
+    for f in pbar(runs, comment='signal ratios'):
+        r = read_json(f.parent / 'run.json')
+        c, s, res = r['condition'], r['seed'], main_rows(read_results(f))
+        for stage, model in (('untrained', init_model(exp, data, c, s, ev.device)),
+                             ('trained', load_run_model(out_dir, c, s, str(ev.device)))):
+            d = res[res['stage'] == stage]
+            l0 = d[(d['metric'] == metric) & (d['mode'] == exp.rpi_mode) & (d['layer'] == 0)]['value']
+            tab = d[d['metric'] == 'pe_table_ssdc']['value']
+            rows.append(dict(experiment=exp.name, condition=c, seed=s, stage=stage,
+                             model_style=exp.train_kwargs.get('model_style', 'timm'),
+                             **position_signal_ratio(model.to(ev.device), ev.ssdc_batches),
+                             rpi_ssdc_layer0=float(l0.iloc[0]) if len(l0) else float('nan'),
+                             pe_table_ssdc=float(tab.iloc[0]) if len(tab) else float('nan')))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/09_experiment.ipynb #86b1dbab
 def _card_from_results(df: pd.DataFrame) -> dict:
