@@ -2,8 +2,8 @@
 
 Markers: `slow` (long CPU tests, run by default; deselect with -m "not slow") and `cuda` (needs a GPU: skipped,
 visibly, when none is present). Real-data tests read CIFAR-10 from the paths in the environment variables
-PE_ANCHORS_CIFAR_DIR (ImageNet-style folder with train/ and val/) and PE_ANCHORS_CIFAR_NPZ (the packed npz); when unset,
-a `shared/data` folder beside one of the checkout's parent folders is used if present, otherwise those tests are skipped.
+PE_ANCHORS_CIFAR_DIR (ImageNet-style folder with train/ and val/) and PE_ANCHORS_CIFAR_NPZ (the packed npz), or from
+the options --cifar-dir / --cifar-npz (which win); without either, those tests are skipped and say which to set.
 """
 import json, os
 from pathlib import Path
@@ -11,6 +11,10 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+def pytest_addoption(parser):
+    parser.addoption('--cifar-dir', default=None, help='CIFAR-10 as an ImageNet-style folder (else $PE_ANCHORS_CIFAR_DIR)')
+    parser.addoption('--cifar-npz', default=None, help='CIFAR-10 packed as an npz (else $PE_ANCHORS_CIFAR_NPZ)')
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'slow: long-running test (CPU); deselect with -m "not slow"')
@@ -22,26 +26,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'cuda' in item.keywords: item.add_marker(skip)
 
-def _data_path(env: str, default: str) -> Path | None:
-    p = os.environ.get(env)
-    if p: return Path(p)
-    for parent in ROOT.parents:                       # a development checkout's sibling `shared/data`
-        cand = parent / 'shared' / 'data' / default
-        if cand.exists(): return cand
-    return None
+def _data_path(config, option: str, env: str) -> Path | None:
+    p = config.getoption(option) or os.environ.get(env)
+    return Path(p) if p else None
 
 @pytest.fixture(scope='session')
-def cifar_dir():
+def cifar_dir(pytestconfig):
     "CIFAR-10 as an ImageNet-style folder (train/<class>/*.jpg, val/<class>/*.jpg), or skip."
-    p = _data_path('PE_ANCHORS_CIFAR_DIR', 'cifar10-jpg')
-    if p is None or not p.exists(): pytest.skip('CIFAR-10 folder not found: set PE_ANCHORS_CIFAR_DIR')
+    p = _data_path(pytestconfig, '--cifar-dir', 'PE_ANCHORS_CIFAR_DIR')
+    if p is None: pytest.skip('CIFAR-10 folder not given: pass --cifar-dir or set PE_ANCHORS_CIFAR_DIR')
+    if not p.exists(): pytest.skip(f'CIFAR-10 folder {p} does not exist (--cifar-dir / PE_ANCHORS_CIFAR_DIR)')
     return p
 
 @pytest.fixture(scope='session')
-def cifar_npz():
+def cifar_npz(pytestconfig):
     "CIFAR-10 packed as JPEG bytes in an npz ({train,val}_jpeg, _offsets, _labels, classes), or skip."
-    p = _data_path('PE_ANCHORS_CIFAR_NPZ', 'cifar10-jpg.npz')
-    if p is None or not p.exists(): pytest.skip('CIFAR-10 npz not found: set PE_ANCHORS_CIFAR_NPZ')
+    p = _data_path(pytestconfig, '--cifar-npz', 'PE_ANCHORS_CIFAR_NPZ')
+    if p is None: pytest.skip('CIFAR-10 npz not given: pass --cifar-npz or set PE_ANCHORS_CIFAR_NPZ')
+    if not p.exists(): pytest.skip(f'CIFAR-10 npz {p} does not exist (--cifar-npz / PE_ANCHORS_CIFAR_NPZ)')
     return p
 
 @pytest.fixture(autouse=True)
