@@ -462,7 +462,7 @@ def load_run_model(out_dir: str | Path, condition: str, seed: int = 0, map_locat
     return load_trained(p, map_location)[0]
 
 
-# %% ../nbs/09_experiment.ipynb #f4b76f47
+# %% ../nbs/09_experiment.ipynb #84ea8bd8
 def signal_ratios(out_dir: str | Path,
                   data_path: str | Path | None = None,   # the data's location when the experiment's own is not valid here
                   device=None) -> pd.DataFrame:

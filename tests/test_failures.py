@@ -70,10 +70,13 @@ def test_result_tables_of_one_experiment_over_seeds_combine():
     for p in sorted((ROOT / 'nbs' / 'results').glob('*/results.csv')):
         df = read_results(p)
         assert len(df) > 0 and df['seed'].dtype.kind == 'i' and df['value'].dtype.kind == 'f', p
-    seed0 = read_results(ROOT / 'nbs' / 'results' / 'cifar10-cpu' / 'results.csv')
-    more = pd.concat([seed0.assign(seed=1), seed0.assign(seed=2)], ignore_index=True)
-    both = concat_results({'committed': seed0, 'new': more})
-    assert sorted(both['seed'].unique()) == [0, 1, 2] and len(both) == 3 * len(seed0)
+    committed = read_results(ROOT / 'nbs' / 'results' / 'cifar10-cpu' / 'results.csv')
+    seed0 = committed[committed['seed'] == 0]
+    more = pd.concat([seed0.assign(seed=7), seed0.assign(seed=8)], ignore_index=True)
+    both = concat_results({'committed': committed, 'new': more})
+    assert set(both['seed']) == set(committed['seed']) | {7, 8} and len(both) == len(committed) + 2 * len(seed0)
+    with pytest.raises(ValueError, match='duplicate result rows'):                # the same seed twice is refused
+        concat_results({'committed': committed, 'again': seed0})
 
 
 # ---------------------------------------------------------------- no code from an experiment file
