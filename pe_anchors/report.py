@@ -606,11 +606,13 @@ def _alpha_reading(df, chance, n) -> str:
             f"*{v[claims[0]]}* (ΔSSDC collapses) and *{v[claims[1]]}* (fragility rises)."
             + (f" † FS near chance (clean accuracy below {FS_CHANCE_FACTOR:g} × chance): not meaningful." if dag(lo) or dag(hi) else ''))
 
+def _layers(a: dict) -> str: return ' / '.join(map(str, sorted(set(a['peak_layers']))))
+
 def _family_reading(df, c, acc, chance) -> str:
     a = anchoring(df, c)
     fs = [f"{k} FS {_fs_measure(df, c, k.lower())}" for k in ('JPEG', 'blur') if _has_fs(df, c, k.lower())]
     txt = (f"**{condition_label(c)}**: index-anchored {a['where']} (RPI-SSDC {a['layer0']} at layer 0, ΔSSDC {a['delta']}, "
-           f"peak {a['peak']} at layer {' / '.join(map(str, a['peak_layers']))}); clean accuracy {acc[c]}"
+           f"peak {a['peak']} at layer {_layers(a)}); clean accuracy {acc[c]}"
            + (f", {', '.join(fs)}" if fs and not near_chance(acc[c].mean, chance) else '') + '.')
     if c == 'peg' and a['layer0'].mean <= ANCHOR_LEVEL and a['where'] != 'nowhere':
         txt += (" PEG has no position table, so this anchoring comes from its convolution's zero padding, which tells "
@@ -645,7 +647,7 @@ def readings(df: pd.DataFrame, num_classes: int | None = None,
         if c not in have: continue
         a = anchoring(df, c)
         out.append(f"**{condition_label(c)}**: RPI-SSDC {a['layer0']} at layer 0, ΔSSDC {a['delta']}, peak {a['peak']} at "
-                   f"layer {' / '.join(map(str, a['peak_layers']))}: index-anchored {a['where']}.")
+                   f"layer {_layers(a)}: index-anchored {a['where']}.")
     ctl = [c for c in ('nope', 'rpt') if c in have]
     if ctl:
         mode = _rpi_mode(df)
@@ -659,7 +661,12 @@ def readings(df: pd.DataFrame, num_classes: int | None = None,
     for k, ms in fs.items():
         if len(ms) > 1: out.append(f"**{'JPEG' if k == 'jpeg' else 'Blur'} fragility**, most to least fragile: "
                                    f"{_ordering(ms, chance, acc)}.")
-    note = f"± is the SD over {n} seeds" if n > 1 else "one seed: ± is the run's standard error (permutation draws for SSDC, binomial for accuracy and FS)"
+    per = {c: m.n_seeds for c, m in acc.items()}
+    one = "± is one run's standard error (permutation draws for SSDC, binomial for accuracy and FS)"
+    if len(set(per.values())) > 1:
+        note = (f"± is the SD over seeds for {', '.join(f'{condition_label(c)} ({k} seeds)' for c, k in per.items() if k > 1)}; "
+                f"for the others (one seed), {one}")
+    else: note = f"± is the SD over {n} seeds" if n > 1 else f"one seed: {one}"
     return '\n'.join(f"- {b}" for b in out) + (f"\n\n({note}.)" if out else '')
 
 def _has_fs(df, condition, kind) -> bool:
