@@ -486,7 +486,7 @@ def signal_ratios(out_dir: str | Path,
             l0 = d[(d['metric'] == metric) & (d['mode'] == exp.rpi_mode) & (d['layer'] == 0)]['value']
             tab = d[d['metric'] == 'pe_table_ssdc']['value']
             rows.append(dict(experiment=exp.name, condition=c, seed=s, stage=stage,
-                             model_style=exp.train_kwargs.get('model_style', 'timm'),
+                             model_style=get_recipe(exp.recipe, **exp.train_kwargs).model_style,
                              **position_signal_ratio(model.to(ev.device), ev.ssdc_batches),
                              rpi_ssdc_layer0=float(l0.iloc[0]) if len(l0) else float('nan'),
                              pe_table_ssdc=float(tab.iloc[0]) if len(tab) else float('nan')))
