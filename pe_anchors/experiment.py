@@ -25,14 +25,14 @@ from .data import ImageData, get_data, stratified_sample
 from .vit import load_checkpoint, save_hub
 from .learner import (CALLBACKS, DEFAULT_MODELS, build_model, config_diff, get_recipe, make_callbacks, pe_learner,
                                 train)
-from .interventions import (SSDC_MODES, alpha_sweep, pe_table_ssdc, position_signal_ratio,
-                                      ssdc_trajectories)
+from .interventions import (PADDING_MODES, SSDC_MODES, alpha_sweep, pe_table_ssdc, peg_padding,
+                                      position_signal_ratio, ssdc_trajectories)
 from .robustness import SHIFT_KINDS, ShiftedSets, evaluate_accuracy, evaluate_shifts, make_shift
 
 # %% auto #0
 __all__ = ['PRESETS', 'RESTART_FILES', 'Experiment', 'preset', 'EvalData', 'evaluate_model', 'check_experiment', 'check_run',
            'resolve_shard', 'run_dir_of', 'run_one', 'init_model', 'run_experiment', 'load_trained', 'load_run_model',
-           'signal_ratios', 'export_run']
+           'signal_ratios', 'export_run', 'padding_ablation']
 
 # %% ../nbs/09_experiment.ipynb #f2551c4f
 @dataclass
@@ -463,23 +463,29 @@ def load_run_model(out_dir: str | Path, condition: str, seed: int = 0, map_locat
 
 
 # %% ../nbs/09_experiment.ipynb #84ea8bd8
+def _finished_runs(out_dir: str | Path, data_path=None, device=None, conditions: Sequence[str] | None = None):
+    "An experiment directory's `Experiment`, data, `EvalData` and finished runs as (condition, seed, results), for analyses that reload its models."
+    out_dir = Path(out_dir)
+    if not (out_dir / 'experiment.json').exists(): raise FileNotFoundError(f"no experiment at {out_dir} (no experiment.json)")
+    exp = Experiment.load(out_dir / 'experiment.json')
+    runs = [(r['condition'], r['seed'], read_results(f)) for f in sorted((out_dir / 'runs').glob('*/results.csv'))
+            for r in [read_json(f.parent / 'run.json')] if conditions is None or r['condition'] in conditions]
+    if not runs: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'}"
+                                         + (f" of {', '.join(conditions)}" if conditions is not None else ''))
+    data = get_data(exp.data, **{**exp.data_kwargs, **({'path': str(data_path)} if data_path else {})})
+    ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device=device, sample_seed=exp.sample_seed)
+    return exp, data, ev, runs
+
 def signal_ratios(out_dir: str | Path,
                   data_path: str | Path | None = None,   # the data's location when the experiment's own is not valid here
                   device=None) -> pd.DataFrame:
     """One row per finished run and stage ('untrained', 'trained'): the position signal against the content at block 0's
     attention input (before / after LN1, mean and median over tokens and images of the SSDC sample), the layer-0 SSDC
     under RPI and the position table's own SSDC of the same run."""
-    out_dir = Path(out_dir)
-    if not (out_dir / 'experiment.json').exists(): raise FileNotFoundError(f"no experiment at {out_dir} (no experiment.json)")
-    exp = Experiment.load(out_dir / 'experiment.json')
-    data = get_data(exp.data, **{**exp.data_kwargs, **({'path': str(data_path)} if data_path else {})})
-    ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device=device, sample_seed=exp.sample_seed)
-    runs = sorted((out_dir / 'runs').glob('*/results.csv'))
-    if not runs: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'}")
+    exp, data, ev, runs = _finished_runs(out_dir, data_path, device)
     rows, metric = [], ssdc_metric(exp.rpi_mode)
-    for f in pbar(runs, comment='signal ratios'):
-        r = read_json(f.parent / 'run.json')
-        c, s, res = r['condition'], r['seed'], main_rows(read_results(f))
+    for c, s, res in pbar(runs, comment='signal ratios'):
+        res = main_rows(res)
         for stage, model in (('untrained', init_model(exp, data, c, s, ev.device)),
                              ('trained', load_run_model(out_dir, c, s, str(ev.device)))):
             d = res[res['stage'] == stage]
@@ -535,3 +541,28 @@ def export_run(run: str | Path,       # a finished run: `pe_anchors train`'s run
     res = train_dir.parent / 'results.csv' if train_dir != p else p / 'results.csv'
     if res.exists(): card.update(_card_from_results(read_results(res)))
     return save_hub(model, out_dir, card)
+
+# %% ../nbs/09_experiment.ipynb #aab8ed74
+def padding_ablation(out_dir: str | Path,
+                     paddings: Sequence[str] = ('zeros', 'circular'),
+                     data_path: str | Path | None = None,   # the data's location when the experiment's own is not valid here
+                     device=None) -> pd.DataFrame:
+    "Each finished PEG run's trained model measured with its convolution padded each way of `paddings`: SSDC, accuracy, JPEG FS."
+    for p in paddings: check_choice('padding', p, PADDING_MODES)
+    peg = [c for c in CONDITIONS if condition_spec(c)['pe'] == 'peg']
+    exp, data, ev, runs = _finished_runs(out_dir, data_path, device, conditions=peg)
+    jpeg, frames = make_shift('jpeg', 'paper'), []
+    for c, s, _ in pbar(runs, comment='padding'):
+        model = load_run_model(out_dir, c, s, str(ev.device)).to(ev.device)
+        meta = dict(experiment=exp.name, dataset=data.name, condition=c, seed=s, stage='trained')
+        for p in paddings:
+            with peg_padding(model, p):
+                traj = ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
+                                         perm_seed=1000 * s, measure_kwargs=dict(show_progress=False), **meta)
+                clean, shifted = (evaluate_accuracy(model, ev.sets[k], data.normalize, show=False) for k in (None, jpeg))
+            acc = [result_row(metric='acc', shift='clean', value=clean, **meta),
+                   result_row(metric='acc', shift='jpeg', severity='paper', value=shifted, **meta),
+                   result_row(metric='fs', shift='jpeg', severity='paper', value=float(fragility(shifted, clean)), **meta)]
+            frames.append(pd.concat([traj, pd.DataFrame(acc)], ignore_index=True).assign(padding=p))
+    return pd.concat(frames, ignore_index=True)
+

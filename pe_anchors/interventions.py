@@ -23,8 +23,8 @@ from .vit import TokenPermutation
 from .ssdc import ssdc_curve, bootstrap_ci, ssdc_from_similarity, token_similarity
 
 # %% auto #0
-__all__ = ['SSDC_MODES', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table', 'pe_table_ssdc',
-           'position_signal_ratio', 'pe_scaled', 'alpha_sweep']
+__all__ = ['SSDC_MODES', 'PADDING_MODES', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table',
+           'pe_table_ssdc', 'position_signal_ratio', 'pe_scaled', 'alpha_sweep', 'peg_padding']
 
 # %% ../nbs/07_interventions.ipynb #a768648c
 SSDC_MODES = {'normal': None, 'rpi': 'draw', 'rpi_image': 'image'}  # results-table mode -> TokenPermutation mode
@@ -234,3 +234,21 @@ def alpha_sweep(model: nn.Module,
             for name, f in (metrics or {}).items(): rows.append(dict(metric=name, mode='normal', alpha=float(a),
                                                                      value=float(f(model))))
     return result_frame(rows, **meta)
+
+# %% ../nbs/07_interventions.ipynb #2b32d718
+PADDING_MODES = ('zeros', 'circular', 'reflect', 'replicate')   # torch's Conv2d padding modes
+
+@contextmanager
+def peg_padding(model: nn.Module, mode: str = 'circular'):
+    "Temporarily set the padding of the model's PEG convolution to `mode` ('zeros' is how it was trained), restoring it on exit."
+    check_choice('mode', mode, PADDING_MODES)
+    pe = anatomy(model).pos_embed
+    conv = getattr(pe, 'proj', None) if getattr(pe, 'mixing', False) else None
+    if not isinstance(conv, nn.Conv2d):
+        raise ValueError(f"peg_padding needs a model with a PEG (a convolutional position encoding); this one has "
+                         f"{type(pe).__name__ if pe is not None else 'no PE module'}")
+    old = conv.padding_mode
+    conv.padding_mode = mode
+    try: yield model
+    finally: conv.padding_mode = old
+
