@@ -478,11 +478,13 @@ def _finished_runs(out_dir: str | Path, data_path=None, device=None, conditions:
 
 def signal_ratios(out_dir: str | Path,
                   data_path: str | Path | None = None,   # the data's location when the experiment's own is not valid here
-                  device=None) -> pd.DataFrame:
+                  device=None,
+                  conditions: Sequence[str] | None = None, # only these conditions' runs (default: every finished run)
+                 ) -> pd.DataFrame:
     """One row per finished run and stage ('untrained', 'trained'): the position signal against the content at block 0's
     attention input (before / after LN1, mean and median over tokens and images of the SSDC sample), the layer-0 SSDC
     under RPI and the position table's own SSDC of the same run."""
-    exp, data, ev, runs = _finished_runs(out_dir, data_path, device)
+    exp, data, ev, runs = _finished_runs(out_dir, data_path, device, conditions)
     rows, metric = [], ssdc_metric(exp.rpi_mode)
     for c, s, res in pbar(runs, comment='signal ratios'):
         res = main_rows(res)
