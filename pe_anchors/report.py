@@ -665,8 +665,8 @@ def readings(df: pd.DataFrame, num_classes: int | None = None,
     per = {c: m.n_seeds for c, m in acc.items()}
     one = "± is one run's standard error (permutation draws for SSDC, binomial for accuracy and FS)"
     if len(set(per.values())) > 1:
-        note = (f"± is the SD over seeds for {', '.join(f'{condition_label(c)} ({k} seeds)' for c, k in per.items() if k > 1)}; "
-                f"for the others (one seed), {one}")
+        note = (f"± is the SD over seeds for {', '.join(f'{condition_label(c)} ({k} seeds)' for c, k in per.items() if k > 1)}"
+                + (f"; for the others (one seed), {one}" if 1 in per.values() else ''))
     else: note = f"± is the SD over {n} seeds" if n > 1 else f"one seed: {one}"
     return '\n'.join(f"- {b}" for b in out) + (f"\n\n({note}.)" if out else '')
 
