@@ -562,9 +562,10 @@ def padding_ablation(out_dir: str | Path,
                 traj = ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
                                          perm_seed=1000 * s, measure_kwargs=dict(show_progress=False), **meta)
                 clean, shifted = (evaluate_accuracy(model, ev.sets[k], data.normalize, show=False) for k in (None, jpeg))
-            acc = [result_row(metric='acc', shift='clean', value=clean, **meta),
+            acc = [{**r, 'n_images': len(ev.labels)} for r in (
+                   result_row(metric='acc', shift='clean', value=clean, **meta),
                    result_row(metric='acc', shift='jpeg', severity='paper', value=shifted, **meta),
-                   result_row(metric='fs', shift='jpeg', severity='paper', value=float(fragility(shifted, clean)), **meta)]
+                   result_row(metric='fs', shift='jpeg', severity='paper', value=float(fragility(shifted, clean)), **meta))]
             frames.append(pd.concat([traj, pd.DataFrame(acc)], ignore_index=True).assign(padding=p))
     return pd.concat(frames, ignore_index=True)
 

@@ -707,7 +707,8 @@ def padding_reading(pa: pd.DataFrame, condition: str = 'peg') -> str:
     elif share <= BORDER_SHARE and c['delta'].mean <= ANCHOR_DELTA:
         why = "the anchoring goes with the border and comes from the zero padding (CPVT's argument), not from the mixing"
     else: why = "part of the anchoring survives without a border and both the mixing and the zero padding contribute"
-    return head + f" Circular padding keeps {share:.0%} of ΔSSDC, so {why}."
+    kept = f"{share:.0%}" if share > 0 else 'none'
+    return head + f" Circular padding keeps {kept} of ΔSSDC, so {why}."
 
 
 # %% ../nbs/10_report.ipynb #50777748
