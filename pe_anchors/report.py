@@ -658,9 +658,11 @@ def readings(df: pd.DataFrame, num_classes: int | None = None,
         worst = {c: _curve(df, c, mode).abs().max() for c in ctl}
         plain = {c: _curve(df, c, 'normal').iloc[-1] for c in ctl}
         out.append("**Controls**: " + '; '.join(f"{condition_label(c)} has max |RPI-SSDC| {_fmt3(worst[c])} over layers "
-                                                  f"and unpermuted SSDC {_fmt3(plain[c])} at the last layer" for c in ctl)
-                   + '. Clean accuracy ' + ', '.join(f"{condition_label(c)} {acc[c]}" for c in acc) + '.')
+                                                  f"and unpermuted SSDC {_fmt3(plain[c])} at the last layer" for c in ctl) + '.')
     out += [_family_reading(df, c, acc, chance) for c in condition_order(have - set(PAPER_CONDITIONS))]
+    if len(acc) > 1:
+        out.append("**Clean accuracy**, highest to lowest: "
+                   + ' > '.join(f"{condition_label(c)} {m}" for c, m in sorted(acc.items(), key=lambda kv: -kv[1].mean)) + '.')
     fs = {k: {c: _fs_measure(df, c, k) for c in acc if _has_fs(df, c, k)} for k in ('jpeg', 'blur')}
     for k, ms in fs.items():
         if len(ms) > 1: out.append(f"**{'JPEG' if k == 'jpeg' else 'Blur'} fragility**, most to least fragile: "
