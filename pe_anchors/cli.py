@@ -209,6 +209,8 @@ def cmd_analyze(a):
     "Measure a trained model (a checkpoint or a run directory) on a dataset; rows go to OUT/analysis.csv."
     from pe_anchors.core import write_atomic
     from pe_anchors.experiment import EvalData, Experiment, evaluate_model, load_trained
+    from pe_anchors.interventions import peg_padding
+    import contextlib
     device = check_device(a.device)
     out = _out_dir(a.out)
     p = Path(a.model)
@@ -216,12 +218,16 @@ def cmd_analyze(a):
     if not ck.exists(): raise UserError(f"no trained model at {ck} (give a .safetensors file or a finished run directory)")
     model, cfg = load_trained(ck)
     condition = _condition((a.conditions or [None])[0], model, cfg, ck)
-    threads = _threads(a)
-    ds = _dataset(a.data, a.data_path)
-    exp = Experiment(name=a.name or ds.name, conditions=[condition], ssdc_images=a.ssdc_images, n_perms=a.n_perms,
-                     alphas=a.alphas, alpha_conditions=[condition] if a.alphas else [])
-    ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, device)          # each set built once, for the α rows too
-    df = evaluate_model(model, ev, exp, condition, seed=cfg.get('seed', 0), show=False if a.quiet else None)
+    # a PEG measured with another padding of its convolution (refused, in one line, for a model without a PEG)
+    padded = peg_padding(model, a.padding) if a.padding else contextlib.nullcontext()
+    with padded:
+        threads = _threads(a)
+        ds = _dataset(a.data, a.data_path)
+        exp = Experiment(name=a.name or ds.name, conditions=[condition], ssdc_images=a.ssdc_images, n_perms=a.n_perms,
+                         alphas=a.alphas, alpha_conditions=[condition] if a.alphas else [])
+        ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, device)      # each set built once, for the α rows too
+        df = evaluate_model(model, ev, exp, condition, seed=cfg.get('seed', 0), show=False if a.quiet else None)
+    if a.padding: df = df.assign(padding=a.padding)                  # the column `experiment.padding_ablation` writes
     write_atomic(out / 'analysis.csv', df.to_csv(index=False))      # atomically: a full disk leaves no empty table
     plain = df[df.get('sweep').isna()] if 'sweep' in df else df
     ssdc = plain[plain.metric == 'ssdc'].pivot_table(index='layer', columns='mode', values='value')
@@ -329,6 +335,7 @@ def _opts_train(s):
 def _opts_analyze(s):
     from pe_anchors.core import N_PERMS
     from pe_anchors.experiment import Experiment
+    from pe_anchors.interventions import PADDING_MODES
     images = Experiment.defaults()['ssdc_images']
     s.add_argument('model', help='a .safetensors checkpoint or a finished run directory')
     s.add_argument('--condition', dest='conditions', nargs=1, metavar='COND',
@@ -336,6 +343,8 @@ def _opts_analyze(s):
     s.add_argument('--ssdc-images', type=positive_int, default=images, help=f'images SSDC is averaged over (default {images})')
     s.add_argument('--n-perms', type=positive_int, default=N_PERMS, help=f'RPI permutation draws (default {N_PERMS})')
     s.add_argument('--alphas', type=alpha_arg, nargs='*', default=[], help='α values for a PE-scaling sweep')
+    s.add_argument('--padding', choices=PADDING_MODES,
+                   help="measure a PEG model with its convolution padded this way (trained: zeros; circular hides the border)")
     s.add_argument('--name', help='dataset label in the output rows')
     s.add_argument('--out', default='.', help='directory for analysis.csv (default: .)')
     _common(s)

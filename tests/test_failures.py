@@ -308,3 +308,33 @@ def test_an_empty_or_missing_class_folder_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"'eel'.*no folder in .*val"): image_folder(tmp_path, img_size=8)
     (tmp_path / 'val' / 'eel').mkdir()
     with pytest.raises(ValueError, match=r"val.*'eel'.*no image"): image_folder(tmp_path, img_size=8, in_memory=False)
+
+
+def test_analyze_measures_a_peg_with_another_padding(tmp_path, capsys):
+    "`analyze --padding circular` gives the rows `peg_padding` gives in Python, tagged; a model without a PEG is refused."
+    import timm
+    from pe_anchors.cli import main
+    from pe_anchors.data import get_data
+    from pe_anchors.interventions import peg_padding
+    from pe_anchors.vit import save_checkpoint
+    torch.manual_seed(0)
+    peg = timm.create_model('pe_vit_nano_patch2_16', pe='peg', num_classes=10).eval()
+    save_checkpoint(peg, tmp_path / 'peg.safetensors')
+    save_checkpoint(timm.create_model('pe_vit_nano_patch2_16', pe='rope', num_classes=10), tmp_path / 'rope.safetensors')
+    args = ['--ssdc-images', '16', '--n-perms', '1', '--device', 'cpu', '--quiet']
+    assert main(['analyze', str(tmp_path / 'rope.safetensors'), '--padding', 'circular', '--out', str(tmp_path / 'r'), *args]) == 2
+    err = capsys.readouterr().err
+    assert 'PEG' in err and len(err.strip().splitlines()) == 1 and not (tmp_path / 'r' / 'analysis.csv').exists()
+    for p in ('zeros', 'circular'):
+        assert main(['analyze', str(tmp_path / 'peg.safetensors'), '--padding', p, '--out', str(tmp_path / p), *args]) == 0
+    zeros, circ = (pd.read_csv(tmp_path / p / 'analysis.csv') for p in ('zeros', 'circular'))
+    assert set(zeros['padding']) == {'zeros'} and set(circ['padding']) == {'circular'}
+    # the same measurement in Python, with the convolution padded circularly by hand
+    with peg_padding(peg, 'circular'):
+        ev = EvalData(get_data('digits'), 16, 256, 'cpu')
+        ref = evaluate_model(peg, ev, Experiment(name='digits', conditions=['peg'], ssdc_images=16, n_perms=1), 'peg', show=False)
+    assert peg.pos_embed.proj.padding_mode == 'zeros'                                    # restored on exit
+    key = ['metric', 'mode', 'layer', 'shift', 'severity']
+    ssdc = lambda d: d[d['metric'] == 'ssdc'].sort_values(key)['value'].to_numpy()
+    np.testing.assert_allclose(ssdc(circ), ssdc(ref), atol=1e-6)
+    assert not np.allclose(ssdc(circ), ssdc(zeros), atol=1e-6)                     # the padding changed what was measured
