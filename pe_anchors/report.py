@@ -612,6 +612,18 @@ def _alpha_reading(df, chance, n) -> str:
 
 def _layers(a: dict) -> str: return ' / '.join(map(str, sorted(set(a['peak_layers']))))
 
+_WHERE = ('at the input', 'after block 0', 'late', 'nowhere')   # `anchoring`'s places, shallow to deep, then none
+
+def _where_reading(df, conditions) -> str:
+    "The conditions grouped by where `anchoring` puts their index anchoring (a late one with its peak layer)."
+    groups = {k: [] for k in _WHERE}
+    for c in conditions:
+        a = anchoring(df, c)
+        place = 'late' if a['where'].startswith('late') else a['where']
+        groups[place].append(condition_label(c) + (f" (layer {_layers(a)})" if place == 'late' else ''))
+    return ("**Where index anchoring forms** (RPI-SSDC): "
+            + '; '.join(f"{k}: {', '.join(v)}" for k, v in groups.items() if v) + '.')
+
 def _family_reading(df, c, acc, chance) -> str:
     a = anchoring(df, c)
     fs = [f"{k} FS {_fs_measure(df, c, k.lower())}" for k in ('JPEG', 'blur') if _has_fs(df, c, k.lower())]
@@ -661,6 +673,7 @@ def readings(df: pd.DataFrame, num_classes: int | None = None,
                                                   f"and unpermuted SSDC {_fmt3(plain[c])} at the last layer" for c in ctl) + '.')
     out += [_family_reading(df, c, acc, chance) for c in condition_order(have - set(PAPER_CONDITIONS))]
     if len(acc) > 1:
+        out.append(_where_reading(df, acc))
         out.append("**Clean accuracy**, highest to lowest: "
                    + ' > '.join(f"{condition_label(c)} {m}" for c, m in sorted(acc.items(), key=lambda kv: -kv[1].mean)) + '.')
     fs = {k: {c: _fs_measure(df, c, k) for c in acc if _has_fs(df, c, k)} for k in ('jpeg', 'blur')}
