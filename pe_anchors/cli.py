@@ -4,7 +4,7 @@
 
 # %% ../nbs/13_cli.ipynb #32f6f969
 from __future__ import annotations
-import argparse, errno, json, os, re, sys, time
+import argparse, contextlib, errno, json, os, re, sys, time
 from pathlib import Path
 
 # %% auto #0
@@ -210,7 +210,6 @@ def cmd_analyze(a):
     from pe_anchors.core import write_atomic
     from pe_anchors.experiment import EvalData, Experiment, evaluate_model, load_trained
     from pe_anchors.interventions import peg_padding
-    import contextlib
     device = check_device(a.device)
     out = _out_dir(a.out)
     p = Path(a.model)
