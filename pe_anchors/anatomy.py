@@ -97,6 +97,22 @@ class Anatomy:
         "Whether the blocks rotate q and k (a `rope` table per block)."
         return 'rotary' in self.position
 
+    @property
+    def output_tap(self) -> nn.Module:
+        "What the head reads: the final norm over the tokens (`norm`; an identity in models without one)."
+        norm = getattr(self.model, 'norm', None)
+        return norm if isinstance(norm, nn.Module) else self.blocks[-1]
+    @property
+    def output_layer(self) -> int:
+        "The layer index of the output tap in SSDC curves: one past the last block (`depth`)."
+        return self.depth
+
+    def grid_of(self, layer: int) -> tuple[int, int]:
+        "The token grid at `layer` (a block index, or `output_layer`: the last block's grid)."
+        if not 0 <= int(layer) <= self.depth: raise IndexError(f"layer {layer} out of range for {self.depth} blocks "
+                                                               f"(0..{self.depth - 1}, or {self.depth}: the output)")
+        return self.grids[min(int(layer), self.depth - 1)]
+
     def block_index(self, layer: int) -> int:
         "`layer` as a non-negative block index (negative values count from the end, as in Python)."
         if not -self.depth <= int(layer) < self.depth: raise IndexError(f"layer {layer} out of range for {self.depth} blocks")

@@ -152,9 +152,14 @@ def load_hint(busy: float, threads: int, auto: bool) -> str:
 
 def _print_verdicts(results):
     "The report's verdicts, then each condition's ΔSSDC and peak RPI-SSDC (where anchoring forms)."
-    from pe_anchors.report import rpi_summary, verdicts
-    for r in verdicts(results).itertuples():
-        print(f"  [{r.verdict:>12}] {r.claim}\n{'':17}ours: {r.ours}")
+    from pe_anchors.claims import verdicts
+    from pe_anchors.tables import rpi_summary
+    v = verdicts(results)
+    for kind, head in (('test', 'Tests of the paper\'s claims:'), ('sanity check', 'Sanity checks (hold by construction or '
+                       'before training; not agreement with the paper):')):
+        print(head)
+        for r in v[v['kind'] == kind].itertuples():
+            print(f"  [{r.verdict:>12}] {r.claim}\n{'':17}ours: {r.evidence}")
     print('Anchoring under RPI:'); print('\n'.join(rpi_summary(results)))
 
 # %% ../nbs/13_cli.ipynb #4bbde06b
@@ -233,10 +238,9 @@ def cmd_analyze(a):
     print(ssdc.round(3).to_string())
     for r in plain[plain.metric.isin(['acc', 'fs', 'delta_ssdc'])].itertuples():
         print(f"{r.metric:>10} {r.shift or r.mode:>6} {r.severity:>5}: {r.value:.4f}")
-    from pe_anchors.report import rpi_summary
+    from pe_anchors.tables import rpi_summary
     print('\n'.join(rpi_summary(df)))
     print(f"rows written to {out / 'analysis.csv'}")
-
 
 # %% ../nbs/13_cli.ipynb #24d9d593
 def cmd_sweep(a):
@@ -248,7 +252,7 @@ def cmd_sweep(a):
                         restart=a.restart, extra_callbacks=extra, threads=_threads(a))
     print(f"{df[['condition', 'seed']].drop_duplicates().shape[0]} finished run(s), {len(df)} rows in {Path(a.out) / 'results.csv'}")
     if len(df):
-        from pe_anchors.report import rpi_summary
+        from pe_anchors.tables import rpi_summary
         print('\n'.join(rpi_summary(df)))
 
 def cmd_report(a):

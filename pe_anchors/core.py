@@ -13,11 +13,12 @@ import torch
 from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS', 'LEFTOVERS',
-           'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'image_rng', 'image_perms', 'condition_spec',
-           'condition_label', 'condition_order', 'show_progress', 'pbar', 'default_device', 'hardware_info',
-           'usable_cores', 'cpu_snapshot', 'busy_cores', 'auto_threads', 'set_threads', 'dist_info', 'sync',
-           'check_alpha', 'unwrap_model', 'write_atomic', 'current_umask', 'read_json', 'RunLock', 'remove_leftovers']
+__all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN', 'IMAGENET_STD',
+           'N_PERMS', 'LEFTOVERS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'image_rng', 'image_perms',
+           'condition_spec', 'condition_model_kwargs', 'condition_label', 'condition_order', 'show_progress', 'pbar',
+           'default_device', 'cpu_name', 'hardware_info', 'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores',
+           'auto_threads', 'set_threads', 'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic',
+           'current_umask', 'read_json', 'RunLock', 'remove_leftovers']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -75,13 +76,32 @@ CONDITIONS = {
     'rope_dinov3': dict(pe='rope_dinov3', rpt=False, label='RoPE-DINOv3'),
     'peg':        dict(pe='peg',        rpt=False, label='PEG'),
     'alibi':      dict(pe='alibi',      rpt=False, label='ALiBi'),
+    # the same backbone with its index anchoring changed by design (`model_kwargs`: what the condition builds with)
+    'spe_x025':   dict(pe='spe', rpt=False, label='SPE ×.25', model_kwargs=dict(pe_kwargs=dict(scale=.25))),
+    'spe_x05':    dict(pe='spe', rpt=False, label='SPE ×.5', model_kwargs=dict(pe_kwargs=dict(scale=.5))),
+    'random_table': dict(pe='fixed', rpt=False, label='random table', model_kwargs=dict(pe_kwargs=dict(table='random'))),
+    'smooth_table': dict(pe='fixed', rpt=False, label='smooth table', model_kwargs=dict(pe_kwargs=dict(table='smooth'))),
+    'peg_circular': dict(pe='peg', rpt=False, label='PEG (circular)', model_kwargs=dict(pe_kwargs=dict(padding_mode='circular'))),
+    'nope_conv':  dict(pe='none', rpt=False, label='NoPE (conv q/k/v)', model_kwargs=dict(qkv_proj='conv')),
+    'nope_conv_circular': dict(pe='none', rpt=False, label='NoPE (conv q/k/v, circular)',
+                               model_kwargs=dict(qkv_proj='conv', qkv_padding='circular')),
+    'rope_t100':  dict(pe='rope', rpt=False, label='RoPE θ=100', model_kwargs=dict(pe_kwargs=dict(theta=100.))),
 }
 EXTENSION_CONDITIONS = ('rope_mixed', 'rpb', 'ape_rope', 'rope_dinov3', 'peg', 'alibi')   # beyond the paper
+DOSE_CONDITIONS = ('spe_x025', 'spe_x05', 'random_table', 'smooth_table', 'peg_circular', 'nope_conv', 'nope_conv_circular',
+                   'rope_t100')    # index anchoring changed at one architecture: the causal test
 PAPER_CONDITIONS = ('ape', 'spe', 'rope', 'nope', 'rpt')  # the five conditions of the paper, in its table order
 
 def condition_spec(name: str) -> dict:
-    "The PE name, RPT flag and plot label of condition `name` (a key of `CONDITIONS`)."
+    "The PE name, RPT flag, plot label (and any model kwargs it builds with) of condition `name` (a key of `CONDITIONS`)."
     return dict(CONDITIONS[check_choice('condition', name, CONDITIONS)])
+
+def condition_model_kwargs(name: str, model_kwargs: dict | None = None) -> dict:
+    "The model kwargs condition `name` builds with: its own (e.g. a table's kind, RoPE's θ) under the caller's `model_kwargs`."
+    own, mk = condition_spec(name).get('model_kwargs', {}), dict(model_kwargs or {})
+    out = {**own, **mk}
+    if 'pe_kwargs' in own or 'pe_kwargs' in mk: out['pe_kwargs'] = {**own.get('pe_kwargs', {}), **mk.get('pe_kwargs', {})}
+    return out
 
 def condition_label(condition: str) -> str:
     "Plot label of a condition key (`'rpt'` -> `'RPT'`), or the key itself for names outside `CONDITIONS`."
@@ -110,12 +130,37 @@ def default_device(device=None) -> torch.device:
     "`device` as a torch device; None: CUDA if available, else the CPU."
     return torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 
+def cpu_name() -> str:
+    "The CPU's model name (from /proc/cpuinfo on Linux), else the platform's processor or machine type."
+    try:
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.lower().startswith('model name'): return line.split(':', 1)[1].strip()
+    except OSError: pass
+    return platform.processor() or platform.machine()
+
 def hardware_info(device: torch.device | str | None = None) -> str:
-    "One line naming the accelerator (or CPU), core count and software versions, for reports and benchmarks."
+    "One line naming the accelerator (or CPU model), core count and software versions, for reports and benchmarks."
     device = default_device(device)
     if device.type == 'cuda': what = f"GPU {torch.cuda.get_device_name(device)}"
-    else: what = f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    else: what = f"CPU {cpu_name()} {platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
     return f"{what}; Python {platform.python_version()}, torch {torch.__version__}"
+
+def code_version() -> dict:
+    "The pe_anchors version that runs and, when its source is a git checkout, the commit (`dirty`: the package changed since)."
+    import subprocess
+    from importlib.metadata import version, PackageNotFoundError
+    try: out = dict(version=version('pe_anchors'))
+    except PackageNotFoundError: out = dict(version='unknown')
+    import pe_anchors
+    root = Path(pe_anchors.__file__).resolve().parent
+    def git(*args):
+        r = subprocess.run(['git', '-C', str(root), *args], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else None
+    try:
+        commit = git('rev-parse', 'HEAD')
+        if commit: out.update(commit=commit, dirty=bool(git('status', '--porcelain', '--', str(root))))
+    except (OSError, subprocess.SubprocessError): pass
+    return out
 
 # %% ../nbs/00_core.ipynb #1b5d73c3
 def _cpus() -> list[int]:

@@ -11,12 +11,13 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import timm
 import torch
 from torch import nn
 
-from .core import (CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, auto_threads, default_device, check_choice,
-                             condition_spec, hardware_info, pbar, read_json, remove_leftovers, set_threads, unwrap_model,
-                             show_progress, write_atomic)
+from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, auto_threads, default_device, check_choice,
+                             code_version, condition_model_kwargs, condition_spec, hardware_info, pbar, read_json, remove_leftovers, set_threads,
+                             unwrap_model, show_progress, write_atomic)
 from .anatomy import anatomy, model_family
 from .paper import PAPER_ALPHAS
 from .results import (fragility, gather, main_rows, peak_rpi, read_results, result_row, ssdc_metric,
@@ -30,9 +31,10 @@ from .interventions import (PADDING_MODES, SSDC_MODES, alpha_sweep, pe_table_ssd
 from .robustness import SHIFT_KINDS, ShiftedSets, evaluate_accuracy, evaluate_shifts, make_shift
 
 # %% auto #0
-__all__ = ['PRESETS', 'RESTART_FILES', 'Experiment', 'preset', 'EvalData', 'evaluate_model', 'check_experiment', 'check_run',
-           'resolve_shard', 'run_dir_of', 'run_one', 'init_model', 'run_experiment', 'load_trained', 'load_run_model',
-           'signal_ratios', 'export_run', 'padding_ablation']
+__all__ = ['PRESETS', 'OUTPUT_TAP', 'KEPT_MODEL', 'RESTART_FILES', 'Experiment', 'preset', 'EvalData', 'evaluate_model',
+           'check_experiment', 'check_run', 'resolve_shard', 'run_dir_of', 'run_one', 'init_model', 'run_experiment',
+           'load_trained', 'load_run_model', 'experiment_of', 'kept_runs', 'experiment_data', 'KeptRun', 'load_kept',
+           'keep_runs', 'reevaluate', 'compare_results', 'signal_ratios', 'export_run', 'padding_ablation']
 
 # %% ../nbs/09_experiment.ipynb #f2551c4f
 @dataclass
@@ -128,6 +130,13 @@ PRESETS = {
                     train_kwargs=dict(epochs=20, bs=512, lr=2e-3), ssdc_images=1000),
     'cifar10-cpu': dict(name='cifar10-cpu', data='cifar10', model='pe_vit_nano_patch4_32',
                         train_kwargs=dict(epochs=20, bs=128, lr=2e-3), ssdc_images=1000, shift_ref_size=64),
+    # index anchoring changed by design at the cifar10-cpu setting (the causal test), and RoPE at twice the depth
+    'cifar10-cpu-dose': dict(name='cifar10-cpu-dose', data='cifar10', model='pe_vit_nano_patch4_32',
+                             train_kwargs=dict(epochs=20, bs=128, lr=2e-3), ssdc_images=1000, shift_ref_size=64,
+                             conditions=list(DOSE_CONDITIONS), alpha_conditions=[]),
+    'cifar10-cpu-deep': dict(name='cifar10-cpu-deep', data='cifar10', model='pe_vit_nano_patch4_32', model_kwargs=dict(depth=8),
+                             train_kwargs=dict(epochs=20, bs=128, lr=2e-3), ssdc_images=1000, shift_ref_size=64,
+                             conditions=['rope', 'nope'], alpha_conditions=[]),
     'imagenet100': dict(name='imagenet100', data='imagenet100', model='pe_vit_small_patch16_224', recipe='paper',
                         seeds=[0, 1, 2, 3], ssdc_images=1000, severities=True),
 }
@@ -184,6 +193,13 @@ def _shift_rows(df: pd.DataFrame, **meta) -> list[dict]:
             rows.append({**result_row(metric='fs', shift=shift, severity=sev, value=r.fs, **meta), 'n_images': r.n})
     return rows
 
+OUTPUT_TAP = 'output'    # the `tap` of the SSDC rows at layer `depth`: the final norm's output, what the head reads
+
+def _mark_output(df: pd.DataFrame, depth: int) -> pd.DataFrame:
+    "Tag the SSDC rows of the output tap (layer `depth`) with `tap = 'output'`; block inputs keep an empty `tap`."
+    tap = np.where(df['metric'].isin(['ssdc', 'ssdc_image']) & (df['layer'] == depth), OUTPUT_TAP, '')
+    return df.assign(tap=tap)
+
 def evaluate_model(model: nn.Module,
                    ev: EvalData,
                    exp: Experiment,
@@ -200,45 +216,50 @@ def evaluate_model(model: nn.Module,
                          "was trained on (or a dataset with the same classes)")
     meta = dict(experiment=exp.name, dataset=ev.data.name, condition=condition, seed=seed, stage=stage)
     model = unwrap_model(model).eval().to(ev.device)
+    a = anatomy(model)
+    taps = list(range(a.depth)) + [a.output_layer]                         # every block input, and the output tap
     frames = [ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
-                                perm_seed=1000 * seed, measure_kwargs=dict(show_progress=False), **meta)]
-    if 'additive' in anatomy(model).position:                              # the learned / fixed table's own structure
+                                perm_seed=1000 * seed, measure_kwargs=dict(show_progress=False, layers=taps), **meta)]
+    if 'additive' in a.position:                                           # the learned / fixed table's own structure
         frames.append(pd.DataFrame([result_row(metric='pe_table_ssdc', value=pe_table_ssdc(model), **meta)]))
     if stage == 'trained':
         acc = evaluate_shifts({(condition, seed): model}, ev.sets, ev.shifts(exp.severities, exp.shift_ref_size),
                               normalize=ev.data.normalize, show=False)            # the sets every model of `ev` shares
         frames.append(pd.DataFrame(_shift_rows(acc, **meta)))
         if condition in exp.alpha_conditions and exp.alphas:
-            frames.append(_alpha_rows(model, ev, exp, meta, show, plain=acc.set_index('shift')['acc']))
-    return pd.concat(frames, ignore_index=True)
+            frames.append(_alpha_rows(model, ev, exp, meta, show, taps, plain=acc.set_index('shift')['acc']))
+    return _mark_output(pd.concat(frames, ignore_index=True), a.depth)
 
-def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show,
+def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show, taps: list[int],
                 plain: pd.Series) -> pd.DataFrame:   # the plain rows' accuracy by shift name: the model at α = 1
-    "The α sweep: ΔSSDC under RPI plus clean/JPEG accuracy at each α, and the JPEG fragility derived from them."
-    jpeg = make_shift('jpeg', 'paper')
+    """The α sweep: at each α the whole RPI-SSDC curve (block inputs and output tap) with ΔSSDC, clean, JPEG and blur
+    accuracy, and the JPEG and blur fragility derived from them."""
+    shifts = [make_shift(k, 'paper', img_size=ev.data.img_size, ref_size=exp.shift_ref_size) for k in SHIFT_KINDS]
     def acc(shift, a):                               # at α = 1 the model is the one just measured: its accuracy is known
         if a == 1: return lambda m: float(plain['clean' if shift is None else shift.name])
         return lambda m: evaluate_accuracy(m, ev.sets[shift], ev.data.normalize, show=False)   # the sets built once
     frames = []
     for a in pbar(exp.alphas, total=len(exp.alphas), show=show, comment='alpha'):     # one α at a time: a failure names it
-        metrics = {'acc_clean': acc(None, a), 'acc_jpeg': acc(jpeg, a)}
-        try: frames.append(alpha_sweep(model, ev.ssdc_batches, [a], metrics=metrics,
+        metrics = {'acc_clean': acc(None, a), **{f'acc_{s.kind}': acc(s, a) for s in shifts}}
+        try: frames.append(alpha_sweep(model, ev.ssdc_batches, [a], metrics=metrics, layers=taps,
                                        mode=exp.rpi_mode, n_perms=exp.n_perms, perm_seed=1000 * meta['seed'],
                                        show_progress=False, **meta))
         except ValueError as e: raise ValueError(f"α = {a:g}: {e}") from None
     sweep = pd.concat(frames, ignore_index=True)
-    delta = sweep[sweep['metric'] == 'delta_ssdc']
+    curves = sweep[sweep['metric'].isin(['ssdc', 'ssdc_image', 'delta_ssdc'])]
     rows = []
     for a in exp.alphas:
         at = sweep[sweep['alpha'] == float(a)].set_index('metric')['value']
-        clean, shifted = float(at['acc_clean']), float(at['acc_jpeg'])
-        rows += [{**r, 'n_images': len(ev.labels)} for r in (
-                 result_row(metric='acc', shift='clean', alpha=float(a), value=clean, **meta),
-                 result_row(metric='acc', shift='jpeg', severity='paper', alpha=float(a), value=shifted, **meta),
-                 result_row(metric='fs', shift='jpeg', severity='paper', alpha=float(a),
-                            value=float(fragility(shifted, clean)) if clean > 0 else float('nan'), **meta))]
+        clean = float(at['acc_clean'])
+        rows.append(result_row(metric='acc', shift='clean', alpha=float(a), value=clean, **meta))
+        for s in shifts:
+            shifted = float(at[f'acc_{s.kind}'])
+            rows += [result_row(metric='acc', shift=s.kind, severity='paper', alpha=float(a), value=shifted, **meta),
+                     result_row(metric='fs', shift=s.kind, severity='paper', alpha=float(a),
+                                value=float(fragility(shifted, clean)) if clean > 0 else float('nan'), **meta)]
+    rows = [{**r, 'n_images': len(ev.labels)} for r in rows]
     # alpha = 1 duplicates the plain measurements: keep the α-sweep rows distinguishable by a column
-    out = pd.concat([delta, pd.DataFrame(rows)], ignore_index=True)
+    out = pd.concat([curves, pd.DataFrame(rows)], ignore_index=True)
     out['sweep'] = 'alpha'
     return out
 
@@ -252,7 +273,8 @@ def check_experiment(exp: Experiment, data: ImageData | None = None):
     if model is None: return                                   # resolved from the data's image size later
     for cond in exp.conditions:
         spec = condition_spec(cond)
-        try: m = build_model(model, data.c if data else 10, spec['pe'], spec['rpt'], model_kwargs=exp.model_kwargs)
+        mk = condition_model_kwargs(cond, exp.model_kwargs) if model_family(model) == 'pe_vit' else exp.model_kwargs
+        try: m = build_model(model, data.c if data else 10, spec['pe'], spec['rpt'], model_kwargs=mk)
         except TypeError as e: raise ValueError(f"model_kwargs {exp.model_kwargs} do not fit {model}: {e}") from None
         if anatomy(m).depth < 2:
             raise ValueError(f"{model} with {exp.model_kwargs} has {anatomy(m).depth} block(s): ΔSSDC (block 1 "
@@ -297,6 +319,44 @@ def resolve_shard(shard: str | Sequence[int] | None) -> tuple[int, int, int | No
     if not 0 <= i < n: raise ValueError(f"shard index must be in 0..{n - 1}, got {i}")
     return i, n, None
 
+KEPT_MODEL = 'model'     # a finished run's final model, kept beside its results as a Hub folder (timm's layout)
+
+def _is_hub_folder(p: Path) -> bool:
+    return p.is_dir() and (p / 'model.safetensors').exists() and (p / 'config.json').exists() and \
+        'architecture' in read_json(p / 'config.json')
+
+def _card_from_results(df: pd.DataFrame) -> dict:
+    "Model-card rows from a run's results table: clean accuracy, fragility, SSDC per layer, ΔSSDC and the RPI peak."
+    t = df[(df.stage == 'trained') & df['sweep'].isna()] if 'sweep' in df else df[df.stage == 'trained']
+    t = t[(t.alpha == 1) | t.alpha.isna()]
+    one = lambda **kw: t.loc[np.logical_and.reduce([t[k] == v for k, v in kw.items()]), 'value']
+    card = {}
+    for (metric, shift), label in (('acc', 'clean'), 'clean accuracy'), (('fs', 'jpeg'), 'JPEG fragility (q 5)'), \
+                                  (('fs', 'blur'), 'blur fragility'):
+        v = one(metric=metric, shift=shift)
+        if metric == 'fs': v = t.loc[(t.metric == 'fs') & (t['shift'] == shift) & (t.severity.astype(str) == 'paper'), 'value']
+        if len(v): card[label] = round(float(v.iloc[0]), 4)
+    rpi = next((m for m in t['mode'].dropna().unique() if m != 'normal'), None)
+    for mode, label in (('normal', 'SSDC by layer'), (rpi, f'SSDC under {rpi} by layer')):
+        c = t[(t.metric == 'ssdc') & (t['mode'] == mode)].sort_values('layer')
+        if mode and len(c): card[label] = ' '.join(f"{v:.3f}" for v in c.value)
+    d = one(metric='delta_ssdc')
+    if len(d): card['ΔSSDC (RPI)'] = round(float(d.iloc[0]), 4)
+    pk = peak_rpi(t)
+    if len(pk): card['peak RPI-SSDC (layer)'] = f"{pk.value.iloc[0]:.3f} ({int(pk.layer.iloc[0])})"
+    return card
+
+def _card(cfg: dict, df: pd.DataFrame | None = None, title: str | None = None) -> dict:
+    "A model card from a run's training config (condition, data, recipe, seed) and its results table."
+    data, recipe = cfg.get('data') or {}, cfg.get('recipe') or {}
+    card = dict(title=title) if title else {}
+    if cfg.get('condition'): card['condition'] = cfg['condition']
+    if data: card['data'] = f"{data.get('builder', '?')} at {data.get('img_size', '?')} px"
+    if recipe: card['recipe'] = ', '.join(f"{k} {recipe[k]}" for k in ('epochs', 'bs', 'lr', 'wd', 'model_style') if k in recipe)
+    if 'seed' in cfg: card['seed'] = cfg['seed']
+    if df is not None and len(df): card.update(_card_from_results(df))
+    return card
+
 def run_dir_of(out_dir: str | Path, condition: str, seed: int) -> Path:
     "The directory of run (condition, seed) inside an experiment directory."
     return Path(out_dir) / 'runs' / f'{condition}-s{seed}'
@@ -338,12 +398,20 @@ def _run_one(exp, data, ev, condition, seed, run_dir: Path, done: Path, device, 
     t_train = time.perf_counter() - t0
     frames.append(evaluate_model(out['learn'].model, ev, exp, condition, seed, 'trained', show=show))
     df = pd.concat(frames, ignore_index=True)
+    _keep_model(out['learn'].model, run_dir, df)      # before results.csv: a finished run always has its model
     write_atomic(run_dir / 'run.json', json.dumps(dict(
         condition=condition, seed=seed, train=dict((k, v) for k, v in out.items() if k != 'learn'),
         train_and_init_s=round(t_train, 2), eval_s=round(time.perf_counter() - t0 - t_train, 2),
-        hardware=hardware_info(ev.device)), indent=2))
+        hardware=hardware_info(ev.device), code=code_version()), indent=2))
     write_results(df, done)
     return df
+
+def _keep_model(model: nn.Module, run_dir: Path, df: pd.DataFrame) -> Path:
+    "Write a run's final model as its kept Hub folder (`model/`), with a card of its setting and results."
+    cfg_path = run_dir / 'train' / 'config.json'
+    dest = run_dir / KEPT_MODEL
+    if dest.exists(): shutil.rmtree(dest)             # left by a killed earlier attempt: the run is being finished again
+    return save_hub(unwrap_model(model), dest, _card(read_json(cfg_path) if cfg_path.exists() else {}, df))
 
 RESTART_FILES = ('runs', 'results.csv', 'results.csv.sha256', 'experiment.json', 'ssdc_sample.json', 'shifts.json', 'report')
 
@@ -369,7 +437,6 @@ def _tidy(out_dir: Path):
             with RunLock(sub) if sub.is_dir() else contextlib.nullcontext() as lock:
                 if lock is not None and lock.acquired:
                     remove_leftovers(sub); remove_leftovers(sub / 'checkpoints')
-
 
 # %% ../nbs/09_experiment.ipynb #fb9b8397
 def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset name or a JSON/YAML file
@@ -440,11 +507,20 @@ def _run_experiment(exp, out_dir: Path, index, count, device, show, data, verbos
 
 # %% ../nbs/09_experiment.ipynb #2f86062a
 def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module, dict]:
-    "A trained model from a `.safetensors` checkpoint or a run directory, and its run's config (`{}` without one)."
+    """A trained model from a `.safetensors` checkpoint, a Hub folder (`save_hub`, a run's kept `model/`) or a run
+    directory (its kept model, else `train/model.safetensors`), and its run's config (`{}` without one)."""
     p = Path(path)
-    ck = p / 'model.safetensors' if p.is_dir() else p
-    if p.is_dir() and not ck.exists() and (p / 'train' / 'model.safetensors').exists(): ck = p / 'train' / 'model.safetensors'
-    if not ck.exists(): raise FileNotFoundError(f"no trained model at {ck} (a .safetensors file or a finished run directory)")
+    if p.is_dir():
+        run = p.parent if p.name in ('train', KEPT_MODEL) else p
+        cfg = read_json(run / 'train' / 'config.json') if (run / 'train' / 'config.json').exists() else {}
+        for hub in (p, p / KEPT_MODEL):
+            if _is_hub_folder(hub):
+                model = timm.create_model(f'local-dir:{hub}', pretrained=True)
+                return model.to(map_location).eval(), cfg
+        ck = next((c for c in (p / 'model.safetensors', p / 'train' / 'model.safetensors') if c.exists()), p / 'model.safetensors')
+    else: ck = p
+    if not ck.exists(): raise FileNotFoundError(f"no trained model at {ck} (a .safetensors file, a Hub folder or a "
+                                                "finished run directory)")
     cfg = read_json(ck.parent / 'config.json') if (ck.parent / 'config.json').exists() else {}
     fallback = dict(num_classes=cfg['num_classes'], **cfg.get('model_kwargs', {})) if 'num_classes' in cfg else None
     if fallback is not None and model_family(cfg.get('model', '')) == 'pe_vit': fallback['pe'] = cfg.get('pe', 'ape')
@@ -456,24 +532,191 @@ def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module
     return model.eval(), cfg
 
 def load_run_model(out_dir: str | Path, condition: str, seed: int = 0, map_location: str = 'cpu') -> nn.Module:
-    "The trained model of run (condition, seed) of an experiment directory."
-    p = run_dir_of(out_dir, condition, seed) / 'train' / 'model.safetensors'
-    if not p.exists(): raise FileNotFoundError(f"run {condition}-s{seed} has no final model at {p} (not finished?)")
-    return load_trained(p, map_location)[0]
+    "The trained model of run (condition, seed) of an experiment directory (its kept model, else its final checkpoint)."
+    d = run_dir_of(out_dir, condition, seed)
+    if not (d / KEPT_MODEL).exists() and not (d / 'train' / 'model.safetensors').exists():
+        raise FileNotFoundError(f"run {condition}-s{seed} has no final model in {d} (not finished?)")
+    return load_trained(d, map_location)[0]
 
+# %% ../nbs/09_experiment.ipynb #f84b5e7f
+def experiment_of(path: str | Path) -> Experiment:
+    "The `Experiment` of an experiment directory (`experiment.json`) or of a results folder (the `experiment` of its `meta.json`)."
+    p = Path(path)
+    if (p / 'experiment.json').exists(): return Experiment.load(p / 'experiment.json')
+    meta = read_json(p / 'meta.json') if (p / 'meta.json').exists() else {}
+    if meta.get('experiment'):
+        known = {f.name for f in fields(Experiment)}
+        return Experiment(**{k: v for k, v in {**Experiment.defaults(), **meta['experiment']}.items() if k in known})
+    raise FileNotFoundError(f"no experiment at {p} (no experiment.json, nor a meta.json with an experiment)")
+
+def kept_runs(path: str | Path) -> list[tuple[str, int]]:
+    "(condition, seed) of every finished run under `path/runs` that kept its model."
+    out = []
+    for d in sorted(p for p in (Path(path) / 'runs').glob('*') if p.is_dir()):
+        if (d / 'results.csv').exists() and (d / 'run.json').exists() and _is_hub_folder(d / KEPT_MODEL):
+            r = read_json(d / 'run.json'); out.append((r['condition'], int(r['seed'])))
+    return out
+
+def experiment_data(exp: Experiment, data_path: str | Path | None = None) -> ImageData:
+    "The experiment's dataset on this machine: at `data_path`, else its recorded path if it exists here, else the builder's default."
+    kw = dict(exp.data_kwargs)
+    if data_path is not None: kw['path'] = str(data_path)
+    elif 'path' in kw and not Path(str(kw['path'])).expanduser().exists(): kw.pop('path')   # recorded on another machine
+    return get_data(exp.data, **kw)
+
+def _check_sample(path: Path, ev: 'EvalData'):
+    "Refuse evaluation sets whose SSDC sample is not the one the runs of `path` recorded (other data, or another split)."
+    rec = (read_json(path / 'ssdc_sample.json') if (path / 'ssdc_sample.json').exists() else
+           (read_json(path / 'meta.json').get('ssdc_sample') if (path / 'meta.json').exists() else None))
+    if rec and rec.get('sha1') and rec['sha1'] != ev.sample_record()['sha1']:
+        raise ValueError(f"the SSDC sample drawn from these data is not the one the runs of {path} were measured on "
+                         f"(sha1 {ev.sample_record()['sha1'][:12]} against {rec['sha1'][:12]}): point data_path at the "
+                         "data the experiment used")
+
+@dataclass(eq=False)
+class KeptRun:
+    "A finished run, loaded to be asked again: its experiment, kept model, data, evaluation sets and results."
+    exp: Experiment
+    condition: str
+    seed: int
+    model: nn.Module
+    data: ImageData
+    ev: 'EvalData'          # the run's own SSDC sample and shifted sets
+    results: pd.DataFrame
+    run_dir: Path
+
+def load_kept(path: str | Path,                  # an experiment directory or a results folder (nbs/results/<experiment>)
+              condition: str, seed: int = 0,
+              data_path: str | Path | None = None, # where the experiment's data are on this machine
+              device=None,
+              ev: 'EvalData | None' = None,      # evaluation sets built already (for several runs of one experiment)
+             ) -> KeptRun:
+    "One finished run of an experiment, in one call: its model, data, evaluation sets (the run's own SSDC sample) and results."
+    p = Path(path)
+    exp, d = experiment_of(p), run_dir_of(p, condition, seed)
+    if not _is_hub_folder(d / KEPT_MODEL):
+        have = ', '.join(f"{c}-s{s}" for c, s in kept_runs(p)) or 'none'
+        raise FileNotFoundError(f"{p} has no kept model of run {condition}-s{seed} (kept: {have})")
+    if ev is None: ev = EvalData(experiment_data(exp, data_path), exp.ssdc_images, exp.eval_bs, device, sample_seed=exp.sample_seed)
+    _check_sample(p, ev)
+    model = load_trained(d / KEPT_MODEL)[0].to(ev.device).eval()
+    return KeptRun(exp, condition, seed, model, ev.data, ev, read_results(d / 'results.csv'), d)
+
+# %% ../nbs/09_experiment.ipynb #e5a1d07e
+def _replace_dir(tmp: Path, dest: Path):
+    "Put folder `tmp` at `dest`, replacing what is there (two renames; the old one removed after)."
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists(): os.replace(dest, old)
+    os.replace(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+def _write_meta(dest: Path, exp: Experiment, src: Path | None = None):
+    "A results folder's meta.json: the experiment, every run's record, the shifts and the SSDC sample (without its indices)."
+    meta = read_json(dest / 'meta.json') if (dest / 'meta.json').exists() else {}
+    e = exp.to_dict()
+    if e.get('data_kwargs', {}).get('path'): e['data_kwargs'] = {**e['data_kwargs'], 'path': Path(str(e['data_kwargs']['path'])).name}
+    if meta.get('experiment'):                                           # the runs of both: conditions and seeds merged
+        for k in ('conditions', 'seeds'): e[k] = list(dict.fromkeys(meta['experiment'].get(k, []) + e[k]))
+    meta.update(experiment=e, runs=[read_json(f) for f in sorted((dest / 'runs').glob('*/run.json'))])
+    if src is not None:
+        if (src / 'shifts.json').exists(): meta['shifts'] = read_json(src / 'shifts.json')
+        if (src / 'ssdc_sample.json').exists():
+            meta['ssdc_sample'] = {k: v for k, v in read_json(src / 'ssdc_sample.json').items() if k != 'indices'}
+    write_atomic(dest / 'meta.json', json.dumps(meta, indent=2))
+
+def _gather_kept(dest: Path) -> pd.DataFrame:
+    from pe_anchors.results import concat_results, with_peak_rpi
+    frames = {str(f.relative_to(dest)): read_results(f) for f in sorted((dest / 'runs').glob('*/results.csv'))}
+    df = with_peak_rpi(concat_results(frames))
+    write_results(df, dest / 'results.csv')
+    return df
+
+def keep_runs(out_dir: str | Path, dest: str | Path,
+              conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> pd.DataFrame:
+    """Copy an experiment's finished runs (results table, run record, kept model; never checkpoints) into the results
+    folder `dest`, with its `meta.json` and combined `results.csv`; returns that table."""
+    src, dest = Path(out_dir), Path(dest)
+    exp = experiment_of(src)
+    runs = [(c, s) for c, s in kept_runs(src) if (conditions is None or c in conditions) and (seeds is None or s in seeds)]
+    if not runs: raise FileNotFoundError(f"no finished run with a kept model under {src / 'runs'}")
+    for c, s in runs:
+        a, b = run_dir_of(src, c, s), run_dir_of(dest, c, s)
+        b.parent.mkdir(parents=True, exist_ok=True)
+        tmp = b.with_name(f".{b.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
+        for f in ('results.csv', 'results.csv.sha256', 'run.json'):
+            if (a / f).exists(): shutil.copy2(a / f, tmp / f)
+        shutil.copytree(a / KEPT_MODEL, tmp / KEPT_MODEL)
+        _replace_dir(tmp, b)
+    _write_meta(dest, exp, src)
+    return _gather_kept(dest)
+
+def reevaluate(path: str | Path,                 # an experiment directory or a results folder with kept models
+               dest: str | Path | None = None,   # where to write (default: in place)
+               data_path: str | Path | None = None, device=None,
+               conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+               show: bool | None = None) -> pd.DataFrame:
+    """Measure every kept model of `path` again with this version's `evaluate_model` (and its initialisation, rebuilt
+    from its seed); write each run's new table and record, and the combined table; returns it."""
+    src = Path(path); dest = src if dest is None else Path(dest)
+    exp = experiment_of(src)
+    runs = [(c, s) for c, s in kept_runs(src) if (conditions is None or c in conditions) and (seeds is None or s in seeds)]
+    if not runs: raise FileNotFoundError(f"no finished run with a kept model under {src / 'runs'}")
+    ev = EvalData(experiment_data(exp, data_path), exp.ssdc_images, exp.eval_bs, device, sample_seed=exp.sample_seed)
+    for c, s in pbar(runs, show=show, comment='re-evaluating'):
+        k = load_kept(src, c, s, ev=ev)
+        t = time.perf_counter()
+        frames = [evaluate_model(init_model(exp, k.data, c, s, ev.device), ev, exp, c, s, 'untrained')] if exp.untrained else []
+        frames.append(evaluate_model(k.model, ev, exp, c, s, 'trained'))
+        df = pd.concat(frames, ignore_index=True)
+        rec = read_json(k.run_dir / 'run.json')
+        rec['evaluated'] = dict(eval_s=round(time.perf_counter() - t, 2), hardware=hardware_info(ev.device), code=code_version())
+        b = run_dir_of(dest, c, s)
+        b.parent.mkdir(parents=True, exist_ok=True)
+        tmp = b.with_name(f".{b.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(k.run_dir, tmp, ignore=shutil.ignore_patterns('train', '.lock'))
+        write_results(df, tmp / 'results.csv'); write_atomic(tmp / 'run.json', json.dumps(rec, indent=2))
+        _replace_dir(tmp, b)
+    if (dest / 'experiment.json').exists(): return gather(dest)
+    if dest != src and (src / 'meta.json').exists() and not (dest / 'meta.json').exists():
+        shutil.copy2(src / 'meta.json', dest / 'meta.json')               # the setting, shifts and sample it recorded
+    _write_meta(dest, exp, src)
+    return _gather_kept(dest)
+
+def compare_results(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Where two results tables of the same runs differ, per metric, mode and stage: rows in both, rows identical, the
+    largest absolute difference of `value` and the row where it is (rows only one table has are counted apart)."""
+    from pe_anchors.results import KEY_COLUMNS
+    keys = [c for c in KEY_COLUMNS if c in a and c in b]
+    norm = lambda t: t.assign(**{k: t[k].astype(str) for k in keys})[keys + ['value']]
+    m = norm(a).merge(norm(b), on=keys, how='outer', suffixes=('_a', '_b'), indicator=True)
+    rows = []
+    for (metric, mode, stage), g in m.groupby(['metric', 'mode', 'stage'], sort=True):
+        both = g[g['_merge'] == 'both']
+        d = (both['value_a'] - both['value_b']).abs()
+        worst = both.loc[d.idxmax()] if len(d) and d.notna().any() else None
+        rows.append(dict(metric=metric, mode=mode, stage=stage, rows=len(both), identical=int((d == 0).sum()),
+                         max_abs_diff=float(d.max()) if len(d) else float('nan'),
+                         where='' if worst is None else f"{worst['condition']} s{worst['seed']}"
+                               + (f" layer {worst['layer']}" if str(worst['layer']) not in ('-1', '') else '')
+                               + (f" {worst['shift']}" if worst['shift'] not in ('', 'nan') else '')
+                               + (f" α {worst['alpha']}" if worst['alpha'] not in ('1.0', '1') else ''),
+                         only_a=int((g['_merge'] == 'left_only').sum()), only_b=int((g['_merge'] == 'right_only').sum())))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/09_experiment.ipynb #84ea8bd8
 def _finished_runs(out_dir: str | Path, data_path=None, device=None, conditions: Sequence[str] | None = None):
-    "An experiment directory's `Experiment`, data, `EvalData` and finished runs as (condition, seed, results), for analyses that reload its models."
+    "An experiment's `Experiment`, data, `EvalData` and finished runs as (condition, seed, results), for analyses that reload its models."
     out_dir = Path(out_dir)
-    if not (out_dir / 'experiment.json').exists(): raise FileNotFoundError(f"no experiment at {out_dir} (no experiment.json)")
-    exp = Experiment.load(out_dir / 'experiment.json')
+    exp = experiment_of(out_dir)
     runs = [(r['condition'], r['seed'], read_results(f)) for f in sorted((out_dir / 'runs').glob('*/results.csv'))
             for r in [read_json(f.parent / 'run.json')] if conditions is None or r['condition'] in conditions]
     if not runs: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'}"
                                          + (f" of {', '.join(conditions)}" if conditions is not None else ''))
-    data = get_data(exp.data, **{**exp.data_kwargs, **({'path': str(data_path)} if data_path else {})})
+    data = experiment_data(exp, data_path)
     ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device=device, sample_seed=exp.sample_seed)
+    _check_sample(out_dir, ev)
     return exp, data, ev, runs
 
 def signal_ratios(out_dir: str | Path,
@@ -501,27 +744,6 @@ def signal_ratios(out_dir: str | Path,
     return pd.DataFrame(rows)
 
 # %% ../nbs/09_experiment.ipynb #86b1dbab
-def _card_from_results(df: pd.DataFrame) -> dict:
-    "Model-card rows from a run's results table: clean accuracy, fragility, SSDC per layer, ΔSSDC and the RPI peak."
-    t = df[(df.stage == 'trained') & df['sweep'].isna()] if 'sweep' in df else df[df.stage == 'trained']
-    t = t[(t.alpha == 1) | t.alpha.isna()]
-    one = lambda **kw: t.loc[np.logical_and.reduce([t[k] == v for k, v in kw.items()]), 'value']
-    card = {}
-    for (metric, shift), label in (('acc', 'clean'), 'clean accuracy'), (('fs', 'jpeg'), 'JPEG fragility (q 5)'), \
-                                  (('fs', 'blur'), 'blur fragility'):
-        v = one(metric=metric, shift=shift)
-        if metric == 'fs': v = t.loc[(t.metric == 'fs') & (t['shift'] == shift) & (t.severity.astype(str) == 'paper'), 'value']
-        if len(v): card[label] = round(float(v.iloc[0]), 4)
-    rpi = next((m for m in t['mode'].dropna().unique() if m != 'normal'), None)
-    for mode, label in (('normal', 'SSDC by layer'), (rpi, f'SSDC under {rpi} by layer')):
-        c = t[(t.metric == 'ssdc') & (t['mode'] == mode)].sort_values('layer')
-        if mode and len(c): card[label] = ' '.join(f"{v:.3f}" for v in c.value)
-    d = one(metric='delta_ssdc')
-    if len(d): card['ΔSSDC (RPI)'] = round(float(d.iloc[0]), 4)
-    pk = peak_rpi(t)
-    if len(pk): card['peak RPI-SSDC (layer)'] = f"{pk.value.iloc[0]:.3f} ({int(pk.layer.iloc[0])})"
-    return card
-
 def export_run(run: str | Path,       # a finished run: `pe_anchors train`'s run directory or a run of an experiment
                out_dir: str | Path,   # the Hub folder to create (must not exist or be empty)
                title: str | None = None,
@@ -530,18 +752,13 @@ def export_run(run: str | Path,       # a finished run: `pe_anchors train`'s run
     p = Path(run)
     if not p.is_dir(): raise FileNotFoundError(f"{p} is not a run directory (made by `pe_anchors train` or `sweep`)")
     model, cfg = load_trained(p)
-    train_dir = p / 'train' if (p / 'train' / 'model.safetensors').exists() else p
+    train_dir = p / 'train' if (p / 'train').is_dir() else p
     cfg = cfg or (read_json(train_dir / 'config.json') if (train_dir / 'config.json').exists() else {})
-    data, recipe = cfg.get('data') or {}, cfg.get('recipe') or {}
-    card = dict(title=title) if title else {}
-    if cfg.get('condition'): card['condition'] = cfg['condition']
-    if data: card['data'] = f"{data.get('builder', '?')} at {data.get('img_size', '?')} px"
-    if recipe: card['recipe'] = ', '.join(f"{k} {recipe[k]}" for k in ('epochs', 'bs', 'lr', 'wd', 'model_style') if k in recipe)
-    if 'seed' in cfg: card['seed'] = cfg['seed']
+    res = p / 'results.csv' if (p / 'results.csv').exists() else train_dir.parent / 'results.csv'
+    card = _card(cfg, read_results(res) if res.exists() else None, title)
     final = train_dir / 'final.json'
-    if final.exists(): card['accuracy'] = round(float(read_json(final).get('accuracy', float('nan'))), 4)
-    res = train_dir.parent / 'results.csv' if train_dir != p else p / 'results.csv'
-    if res.exists(): card.update(_card_from_results(read_results(res)))
+    if final.exists() and 'clean accuracy' not in card:
+        card['accuracy'] = round(float(read_json(final).get('accuracy', float('nan'))), 4)
     return save_hub(model, out_dir, card)
 
 # %% ../nbs/09_experiment.ipynb #aab8ed74

@@ -96,7 +96,7 @@ def measure_ssdc(model: nn.Module,
                  metric: str = 'manhattan',           # grid distance, see pe_anchors.ssdc.DISTANCES
                  per_image: bool = False,             # also keep each image's SSDC (always on for 'rpi_image')
                  max_images: int | None = None,       # images per draw (None: the whole loader)
-                 layers: Sequence[int] | None = None, # blocks to measure (default: all)
+                 layers: Sequence[int] | None = None, # blocks to measure (default: all; `depth` adds the output tap)
                  show_progress: bool | None = None,
                  point: str = 'ln1',                  # TokenRecorder tap point; 'ln1' is the paper's
                 ) -> SSDCRuns:
@@ -223,14 +223,22 @@ def alpha_sweep(model: nn.Module,
                 level: float = .95,
                 show_progress: bool | None = None,
                 measure_kwargs: dict | None = None,  # grid_size, metric, max_images for the SSDC runs
+                layers: Sequence[int] | None = None, # None: ΔSSDC only (blocks 0, 1); else the RPI curve at these layers too
                 **meta,                              # result columns: dataset, condition, seed, stage
                ) -> pd.DataFrame:
-    "For each alpha: ΔSSDC under RPI (spread over draws) and each extra metric, as one tidy table."
+    """For each alpha: ΔSSDC under RPI (spread over draws), with `layers` the whole RPI-SSDC curve at those layers (the
+    anchoring that α leaves), and each extra metric, as one tidy table."""
     rows = []
     for a in pbar(alphas, total=len(alphas), show=show_progress, comment='alpha'):
         with pe_scaled(model, a):
-            d = delta_ssdc(model, batches, mode, n_perms, perm_seed, level=level, **(measure_kwargs or {}))
-            rows.append(dict(metric='delta_ssdc', mode=mode, alpha=float(a), perm_seed=perm_seed, **d))
+            if layers is None:
+                d = delta_ssdc(model, batches, mode, n_perms, perm_seed, level=level, **(measure_kwargs or {}))
+                rows.append(dict(metric='delta_ssdc', mode=mode, alpha=float(a), perm_seed=perm_seed, **d))
+            else:
+                curve = ssdc_trajectories(model, batches, (mode,), n_perms, perm_seed, level=level,
+                                          measure_kwargs={**(measure_kwargs or {}), 'layers': sorted(set(layers) | {0, 1})},
+                                          **meta)
+                rows += [{**r, 'alpha': float(a)} for r in curve.to_dict('records')]
             for name, f in (metrics or {}).items(): rows.append(dict(metric=name, mode='normal', alpha=float(a),
                                                                      value=float(f(model))))
     return result_frame(rows, **meta)

@@ -26,7 +26,7 @@ from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop, patch
 
-from .core import (RunLock, auto_threads, busy_cores, check_choice, condition_spec, cpu_snapshot, current_umask, dist_info,
+from .core import (RunLock, auto_threads, busy_cores, check_choice, condition_model_kwargs, condition_spec, cpu_snapshot, current_umask, dist_info,
                              hardware_info, read_json, remove_leftovers, set_threads, sync, unwrap_model, write_atomic,
                              show_progress as _show_progress)
 from .anatomy import anatomy, model_family, position_parameters
@@ -625,7 +625,8 @@ def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a na
     data = get_data(data)
     model = model or default_model(data.img_size)
     set_seed(seed, reproducible=True)
-    net = set_data_config(build_model(model, data.c, pe, rpt, r.model_style, model_kwargs), data)  # init right after the seed
+    built = condition_model_kwargs(condition, model_kwargs) if model_family(model) == 'pe_vit' else model_kwargs
+    net = set_data_config(build_model(model, data.c, pe, rpt, r.model_style, built), data)  # init right after the seed
     dls = make_dls(data, r, device, world)
     opt_func, kinds = make_optimizer(net, r, device)
     if threads not in (None, 'auto'): set_threads(threads)

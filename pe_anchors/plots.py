@@ -12,7 +12,17 @@ import pandas as pd
 from .core import check_choice, condition_label, condition_order
 
 # %% auto #0
-__all__ = ['plot_ssdc', 'plot_fragility', 'plot_shift_curves']
+__all__ = ['condition_color', 'plot_ssdc', 'plot_fragility', 'plot_shift_curves']
+
+# %% ../nbs/10_plots.ipynb #9c1f2e07
+_PALETTE = {'ape': 'C0', 'spe': 'C1', 'rope': 'C2', 'nope': 'C3', 'rpt': 'C4', 'rope_mixed': 'C5', 'rpb': 'C6',
+            'ape_rope': 'C7', 'rope_dinov3': 'C8', 'peg': 'C9', 'alibi': '#8c564b'}
+
+def condition_color(condition: str) -> str:
+    "One colour per condition on every figure: the paper's five and the families fixed, any other from tab20 by its name."
+    if condition in _PALETTE: return _PALETTE[condition]
+    import matplotlib
+    return matplotlib.colors.to_hex(matplotlib.colormaps['tab20'](sum(map(ord, condition)) % 20))
 
 # %% ../nbs/10_plots.ipynb #168fe292
 def plot_ssdc(df: pd.DataFrame,
@@ -21,8 +31,10 @@ def plot_ssdc(df: pd.DataFrame,
               ax=None,
               references: dict[str, Sequence[float]] | None = None, # label -> values at layers 0, 1, ... (dashed)
               title: str | None = None,
+              legend: str = 'inside',                                # 'inside', 'outside' (right of the axes) or 'none'
              ):
-    "Paper-style depth plot: mean over seeds per condition (and stage), ±1 SD band, x axis 'Layer'."
+    """Paper-style depth plot: mean over seeds per condition (and stage: untrained dotted), ±1 SD band over seeds where a
+    condition has several (none for one seed: a run's within-run error is not seed noise), integer layer ticks."""
     import matplotlib.pyplot as plt
     d = df[(df['metric'] == metric) & (df['mode'] == mode) & (df['layer'] >= 0)]
     if d.empty:
@@ -31,27 +43,28 @@ def plot_ssdc(df: pd.DataFrame,
     if ax is None: ax = plt.subplots(figsize=(5, 3.5))[1]
     conds = condition_order(d['condition'].unique())
     stages = d['stage'].unique()
-    colours = {}
     for c in conds:
         for st in stages:
             g = d[(d['condition'] == c) & (d['stage'] == st)]
             if g.empty: continue
             by = g.groupby('layer')
             mean, n = by['value'].mean(), by['value'].count()
-            sd = by['value'].std() if n.max() > 1 else (by['sd'].mean() if 'sd' in g else mean * np.nan)
-            label = condition_label(c) + (f" ({st})" if len(stages) > 1 else '')
-            line, = ax.plot(mean.index, mean.values, marker='o', ms=3, label=label)
-            colours[condition_label(c)] = line.get_color()
-            ax.fill_between(mean.index, (mean - sd.fillna(0)).values, (mean + sd.fillna(0)).values,
-                            color=line.get_color(), alpha=.2, lw=0)
+            label = condition_label(c) + (f" ({st})" if len(stages) > 1 else '') + (' (1 seed)' if n.max() == 1 else '')
+            ax.plot(mean.index, mean.values, marker='o', ms=3, label=label, color=condition_color(c),
+                    ls=':' if st == 'untrained' and len(stages) > 1 else '-')
+            if n.max() > 1:
+                sd = by['value'].std().fillna(0)
+                ax.fill_between(mean.index, (mean - sd).values, (mean + sd).values, color=condition_color(c), alpha=.2, lw=0)
+    labels = {condition_label(c): c for c in conds}
     for name, vals in (references or {}).items():
-        colour = colours.get(name.split(' (')[0])                            # the matching condition's colour, if any
-        ax.plot(range(len(vals)), vals, ls='--', lw=1, label=name, **({'color': colour} if colour else {}))
+        c = labels.get(name.split(' (')[0])                                  # the matching condition's colour, if any
+        ax.plot(range(len(vals)), vals, ls='--', lw=1, label=name, **({'color': condition_color(c)} if c else {}))
     ax.axhline(0, color='k', lw=.5, alpha=.4)
     ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     ax.set_xlabel('Layer'); ax.set_ylabel({'ssdc': 'SSDC', 'ssdc_image': 'per-image SSDC'}.get(metric, metric))
     ax.set_title(title if title is not None else f"{metric} ({mode})")
-    ax.legend(fontsize=8)
+    if legend == 'outside': ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
+    elif legend == 'inside': ax.legend(fontsize=8)
     return ax
 
 # %% ../nbs/10_plots.ipynb #27b93f4e
@@ -92,7 +105,7 @@ def plot_shift_curves(summary: pd.DataFrame, kind: str,
     for cond in condition_order(d['condition']):
         c = d[d['condition'] == cond].sort_values(x)
         ax.errorbar(c[x].astype(float), c[f'{metric}_mean'], yerr=c[f'{metric}_sd'].fillna(0), marker='o', capsize=3,
-                    label=condition_label(cond))
+                    label=condition_label(cond), color=condition_color(cond))
     if kind == 'shuffle': ax.set_xscale('log', base=2)
     xs = sorted(d[x].astype(float).unique())
     ax.set_xticks(xs, [f'{v:.4g}' for v in xs])

@@ -15,10 +15,10 @@ from timm.layers import trunc_normal_
 from .core import check_alpha, check_choice, grid_coords, grid_hw
 
 # %% auto #0
-__all__ = ['ALIBI_SLOPES', 'DINOV3_DRAWS', 'PE_NAMES', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_table',
-           'apply_rope', 'swap_quarters', 'rope_to_timm', 'axial_frequencies', 'axial_angles', 'RoPE2D',
+__all__ = ['ALIBI_SLOPES', 'DINOV3_DRAWS', 'FIXED_TABLES', 'PE_NAMES', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D',
+           'rope_table', 'apply_rope', 'swap_quarters', 'rope_to_timm', 'axial_frequencies', 'axial_angles', 'RoPE2D',
            'mixed_frequencies', 'RoPEMixed', 'RelPosBias2D', 'alibi_slopes', 'ALiBi2D', 'PEG', 'dinov3_periods',
-           'dinov3_augment', 'RoPEDinoV3', 'APERoPE', 'create_pos_embed']
+           'dinov3_augment', 'RoPEDinoV3', 'APERoPE', 'fixed_table', 'FixedTable2D', 'create_pos_embed']
 
 # %% ../nbs/01_pos_embed.ipynb #a933464a
 class PosEmbed(nn.Module):
@@ -158,19 +158,25 @@ def sincos_2d(grid_size, embed_dim: int, temperature: float = 10000.) -> torch.T
     return torch.cat([xw.sin(), xw.cos(), yw.sin(), yw.cos()], dim=1).float()
 
 class SinCos2D(PosEmbed):
-    "Fixed 2D sin-cos embedding added to patch tokens; prefix tokens get a learned vector `prefix_pos`."
+    "Fixed 2D sin-cos embedding added to patch tokens (times a fixed `scale`); prefix tokens get a learned vector `prefix_pos`."
     additive = True
     def __init__(self, grid_size, embed_dim: int, num_prefix_tokens: int = 1, temperature: float = 10000.,
-                 std: float = .02):
+                 std: float = .02,
+                 scale: float = 1.,          # a fixed loudness of the table, trained with (`alpha` still scales at inference)
+                ):
         super().__init__(grid_size, num_prefix_tokens)
-        self.embed_dim, self.temperature, self.std = embed_dim, temperature, std
-        self.register_buffer('grid_table', sincos_2d(self.grid_size, embed_dim, temperature)[None], persistent=False)
+        if not scale > 0: raise ValueError(f"scale must be > 0, got {scale}")
+        self.embed_dim, self.temperature, self.std, self.scale = embed_dim, temperature, std, float(scale)
+        self.register_buffer('grid_table', self._grid_table()[None], persistent=False)
         self.prefix_pos = nn.Parameter(torch.zeros(1, self.num_prefix_tokens, embed_dim)) if self.num_prefix_tokens else None
         if self.prefix_pos is not None: trunc_normal_(self.prefix_pos, std=std)
 
+    def _grid_table(self) -> torch.Tensor: # (N, C)
+        return self.scale * sincos_2d(self.grid_size, self.embed_dim, self.temperature)
+
     def table(self) -> torch.Tensor: # (1, P+N, C)
-        "The (unscaled) vector added to each token: learned prefix rows, then the fixed sin-cos rows."
-        t = self.grid_table                                       # (1, N, C) fixed sin-cos rows
+        "The (unscaled by `alpha`) vector added to each token: learned prefix rows, then the fixed grid rows."
+        t = self.grid_table                                       # (1, N, C) fixed rows
         return t if self.prefix_pos is None else torch.cat([self.prefix_pos, t.to(self.prefix_pos.dtype)], 1)
 
     def forward(self, x):
@@ -185,7 +191,7 @@ class SinCos2D(PosEmbed):
     def set_grid_size(self, grid_size):
         "Recompute the fixed table for a new grid."
         super().set_grid_size(grid_size)
-        self.grid_table = sincos_2d(self.grid_size, self.embed_dim, self.temperature)[None].to(self.grid_table.device)
+        self.grid_table = self._grid_table()[None].to(self.grid_table.device)
 
 # %% ../nbs/01_pos_embed.ipynb #932abf5a
 def rope_table(angles: torch.Tensor) -> torch.Tensor: # (..., N, D/2) plane angles -> (..., N, 2D) [sin | cos]
@@ -407,12 +413,20 @@ class ALiBi2D(PosEmbed):
 class PEG(PosEmbed):
     "Conditional PE (CPVT): depthwise k x k convolution over the token grid after block `after`, added to the tokens."
     mixing = True
-    def __init__(self, grid_size, embed_dim: int, num_prefix_tokens: int = 1, kernel_size: int = 3, after: int = 0):
+    def __init__(self, grid_size, embed_dim: int, num_prefix_tokens: int = 1, kernel_size: int = 3, after: int = 0,
+                 padding_mode: str = 'zeros'):   # torch's: 'zeros' (CPVT's), 'circular' (no border to see), ...
         super().__init__(grid_size, num_prefix_tokens)
         if kernel_size < 1 or kernel_size % 2 == 0: raise ValueError(f"PEG kernel_size must be odd, got {kernel_size}")
+        check_choice('padding_mode', padding_mode, ('zeros', 'circular', 'reflect', 'replicate'))
         self.embed_dim, self.kernel_size, self.after = embed_dim, kernel_size, after
-        # the shape of timm's Twins `PosConv.proj` (a depthwise conv with bias), with zero padding at the border
-        self.proj = nn.Conv2d(embed_dim, embed_dim, kernel_size, padding=kernel_size // 2, groups=embed_dim)
+        # the shape of timm's Twins `PosConv.proj` (a depthwise conv with bias), zero padding at the border by default
+        self.proj = nn.Conv2d(embed_dim, embed_dim, kernel_size, padding=kernel_size // 2, groups=embed_dim,
+                              padding_mode=padding_mode)
+
+    @property
+    def padding_mode(self) -> str:
+        "How the convolution pads the grid (what `settings` records)."
+        return self.proj.padding_mode
 
     def after_block(self, x: torch.Tensor, layer: int) -> torch.Tensor: # (B, P+N, C)
         "Add the convolution of the patch-token grid after block `after` (times `alpha`); other blocks pass through."
@@ -569,8 +583,74 @@ class APERoPE(RoPE2D):
         "Resample the learned table and recompute the RoPE angles (see `RoPE2D.set_grid_size`)."
         super().set_grid_size(grid_size); self.ape.set_grid_size(grid_size)
 
+# %% ../nbs/01_pos_embed.ipynb #16d0affd
+FIXED_TABLES = ('random', 'smooth')
+
+def _table_ssdc(t: torch.Tensor, grid_size) -> float:
+    "Spearman of the rows' cosine similarities with minus their Manhattan grid distance (upper triangle)."
+    from scipy.stats import spearmanr
+    x = torch.nn.functional.normalize(t.double(), dim=-1)
+    sim = x @ x.T
+    rc = grid_coords(grid_size, dtype=torch.float64)
+    dist = (rc[:, None] - rc[None]).abs().sum(-1)
+    i, j = torch.triu_indices(len(t), len(t), 1)
+    return float(spearmanr(sim[i, j].numpy(), -dist[i, j].numpy()).statistic)
+
+def _smoothed(field: torch.Tensor, sigma: float) -> torch.Tensor: # (C, H, W) -> (C, H, W)
+    "Each channel filtered by a 2D Gaussian of width `sigma` grid cells (separable, reflect padding)."
+    C, H, W = field.shape
+    r = max(1, min(int(math.ceil(3 * sigma)), H - 1, W - 1))
+    k = torch.exp(-.5 * (torch.arange(-r, r + 1, dtype=torch.float64) / sigma) ** 2); k = k / k.sum()
+    x = torch.nn.functional.pad(field[None], (r, r, r, r), mode='reflect')
+    x = torch.nn.functional.conv2d(x, k.view(1, 1, 1, -1).expand(C, 1, 1, -1), groups=C)
+    x = torch.nn.functional.conv2d(x, k.view(1, 1, -1, 1).expand(C, 1, -1, 1), groups=C)
+    return x[0]
+
+def fixed_table(grid_size, embed_dim: int, kind: str = 'random', target_ssdc: float = .5, seed: int = 0) -> torch.Tensor:
+    "A frozen (N, C) table with the sin-cos row norm √(C/2): Gaussian rows ('random') or a smoothed field ('smooth')."
+    check_choice('fixed table', kind, FIXED_TABLES)
+    (H, W), g = grid_hw(grid_size), torch.Generator().manual_seed(seed)
+    field = torch.randn(embed_dim, H, W, generator=g, dtype=torch.float64)
+    if kind == 'smooth':
+        if not 0 < target_ssdc < 1: raise ValueError(f"target_ssdc must be in (0, 1), got {target_ssdc}")
+        rows = lambda s: _smoothed(field, s).flatten(1).T
+        lo, hi = 1e-3, .25                                     # SSDC grows with the width until the kernel is cut by
+        while _table_ssdc(rows(hi), (H, W)) < target_ssdc:     # the grid: widen, then bisect in the growing part
+            lo, hi = hi, hi * 1.5
+            if hi > max(H, W) / 2:
+                raise ValueError(f"a smoothed random table on a {H}x{W} grid does not reach SSDC {target_ssdc}")
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if _table_ssdc(rows(mid), (H, W)) < target_ssdc else (lo, mid)
+        t = rows(hi)
+    else: t = field.flatten(1).T
+    return (torch.nn.functional.normalize(t, dim=-1) * math.sqrt(embed_dim / 2)).float().contiguous()
+
+class FixedTable2D(SinCos2D):
+    "A frozen random ('random') or grid-smoothed random ('smooth') table in place of the sin-cos one, with its row norm."
+    def __init__(self, grid_size, embed_dim: int, num_prefix_tokens: int = 1, table: str = 'random',
+                 target_ssdc: float = .5, seed: int = 0, std: float = .02, scale: float = 1.):
+        self.table_kind, self.target_ssdc, self.seed = check_choice('fixed table', table, FIXED_TABLES), target_ssdc, seed
+        super().__init__(grid_size, embed_dim, num_prefix_tokens, std=std, scale=scale)
+        t = self.grid_table
+        del self.grid_table
+        self.register_buffer('grid_table', t)                  # persistent: the drawn table is saved with the model
+
+    def _grid_table(self) -> torch.Tensor:
+        return self.scale * fixed_table(self.grid_size, self.embed_dim, self.table_kind, self.target_ssdc, self.seed)
+
+    def settings(self) -> dict:
+        "Constructor arguments, with `table` (the kind)."
+        return {**super().settings(), 'table': self.table_kind}
+
+    def set_grid_size(self, grid_size):
+        "Refused unless the grid is the same: a drawn table has no rule for another grid."
+        if grid_hw(grid_size) != self.grid_size:
+            raise ValueError(f"a fixed {self.table_kind} table has no rule for another grid ({self.grid_size} -> "
+                             f"{grid_hw(grid_size)}): train at that grid")
+
 # %% ../nbs/01_pos_embed.ipynb #e7ee2c1b
-PE_NAMES = ('none', 'ape', 'spe', 'rope', 'rope_mixed', 'rpb', 'ape_rope', 'rope_dinov3', 'peg', 'alibi')
+PE_NAMES = ('none', 'ape', 'spe', 'rope', 'rope_mixed', 'rpb', 'ape_rope', 'rope_dinov3', 'peg', 'alibi', 'fixed')
 
 def create_pos_embed(pe: str,               # one of PE_NAMES
                      grid_size,             # H or (H, W)
@@ -588,6 +668,7 @@ def create_pos_embed(pe: str,               # one of PE_NAMES
     if pe == 'none': return NoPE(grid_size, num_prefix_tokens)
     if pe == 'ape': return LearnedAPE(grid_size, embed_dim, num_prefix_tokens, **kwargs)
     if pe == 'spe': return SinCos2D(grid_size, embed_dim, num_prefix_tokens, **kwargs)
+    if pe == 'fixed': return FixedTable2D(grid_size, embed_dim, num_prefix_tokens, **kwargs)
     if pe == 'rpb': return RelPosBias2D(grid_size, num_heads, depth, num_prefix_tokens, **kwargs)
     if pe == 'alibi': return ALiBi2D(grid_size, num_heads, num_prefix_tokens, **kwargs)
     if pe == 'peg': return PEG(grid_size, embed_dim, num_prefix_tokens, **kwargs)

@@ -378,7 +378,7 @@ def ssdc_curve(model: nn.Module,
                metric: str = 'manhattan',           # one of DISTANCES
                per_image: bool = False,             # also keep each image's SSDC
                max_images: int | None = None,       # use exactly this many images (None: the whole loader)
-               layers: Sequence[int] | None = None, # blocks to measure (default: all)
+               layers: Sequence[int] | None = None, # blocks to measure (default: all; `depth` adds the output tap)
                point: str = 'ln1',                  # TokenRecorder tap point; 'ln1' is the paper's
                show_progress: bool | None = None,
                pooled: bool = True,                 # accumulate the mean matrix (False: per-image SSDC only)
@@ -388,10 +388,8 @@ def ssdc_curve(model: nn.Module,
     if grid_size is not None and grid_hw(grid_size) != a.grid_size:
         raise ValueError(f"grid_size {grid_hw(grid_size)} does not match the model's patch grid {a.grid_size}; leave grid_size=None")
     check_choice('distance', metric, DISTANCES)
-    layers = list(range(a.depth)) if layers is None else list(layers)
-    for l in layers:
-        if not 0 <= l < a.depth: raise IndexError(f"layer {l} out of range for {a.depth} blocks")
-    acc = SSDCAccumulator([a.grids[l] for l in layers], metric, per_image, layers=layers, pooled=pooled)
+    layers = list(range(a.depth)) if layers is None else list(layers)     # `a.output_layer` adds the output tap
+    acc = SSDCAccumulator([a.grid_of(l) for l in layers], metric, per_image, layers=layers, pooled=pooled)
     for feats in patch_token_batches(model, batches, layers, point, max_images, show_progress, comment='SSDC'):
         acc.update(feats)
     acc._need_data()

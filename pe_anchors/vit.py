@@ -34,12 +34,15 @@ GLOBAL_POOLS = ('token', 'avg', '')
 
 class ConvQKV(nn.Module):
     "Depthwise convolutions over the patch-token grid in front of the q, k and v projections; prefix tokens pass through."
-    def __init__(self, dim: int, grid_size: int | Sequence[int], kernel_size: int = 3, num_prefix_tokens: int = 1):
+    def __init__(self, dim: int, grid_size: int | Sequence[int], kernel_size: int = 3, num_prefix_tokens: int = 1,
+                 padding_mode: str = 'zeros'):      # torch's Conv2d padding: 'zeros' (a border to see) or 'circular'
         super().__init__()
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"qkv_kernel must be odd (the token grid keeps its size), got {kernel_size}")
+        check_choice('qkv padding', padding_mode, ('zeros', 'circular', 'reflect', 'replicate'))
         self.grid_size, self.num_prefix_tokens, self.kernel_size = grid_hw(grid_size), num_prefix_tokens, kernel_size
-        self.conv = nn.Conv2d(dim, 3 * dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False)
+        self.conv = nn.Conv2d(dim, 3 * dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False,
+                              padding_mode=padding_mode)
         self.norm = nn.BatchNorm2d(3 * dim)                # output channel 3c + s: branch s (q, k, v) of channel c
 
     def forward(self, x: torch.Tensor) -> torch.Tensor: # (B, P+N, C) -> (3, B, P+N, C): inputs of q, k and v
@@ -53,7 +56,7 @@ class ConvQKV(nn.Module):
 
     def extra_repr(self) -> str:
         "Grid and kernel size, shown when the module is printed."
-        return f"grid_size={self.grid_size}, kernel_size={self.kernel_size}"
+        return f"grid_size={self.grid_size}, kernel_size={self.kernel_size}, padding_mode={self.conv.padding_mode}"
 
 # %% ../nbs/02_vit.ipynb #0d666862
 class Attention(nn.Module):
@@ -62,7 +65,8 @@ class Attention(nn.Module):
                  qkv_proj: str = 'linear',                 # 'linear' (ViT) or 'conv' (depthwise conv first, Xu 2025)
                  grid_size: int | Sequence[int] | None = None, # patch grid, needed by qkv_proj='conv'
                  qkv_kernel: int = 3,                       # kernel of the depthwise convolutions
-                 num_prefix_tokens: int = 1):
+                 num_prefix_tokens: int = 1,
+                 qkv_padding: str = 'zeros'):               # their padding at the grid's border
         super().__init__()
         if dim % num_heads: raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         check_choice('qkv projection', qkv_proj, QKV_PROJECTIONS)
@@ -70,7 +74,7 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.fused_attn = use_fused_attn()
-        self.conv_qkv = ConvQKV(dim, grid_size, qkv_kernel, num_prefix_tokens) if qkv_proj == 'conv' else None
+        self.conv_qkv = ConvQKV(dim, grid_size, qkv_kernel, num_prefix_tokens, qkv_padding) if qkv_proj == 'conv' else None
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
@@ -155,6 +159,7 @@ class PEViT(nn.Module):
                  final_norm: bool = False,       # LayerNorm before the head (timm default True; released code: none)
                  qkv_proj: str = 'linear',       # 'conv': depthwise convolutions before q/k/v (Xu 2025), else linear
                  qkv_kernel: int = 3,            # their kernel size (odd)
+                 qkv_padding: str = 'zeros',     # their padding at the border ('circular': no border to see)
                  style: str = 'timm',            # 'timm' or 'released': initialisation and dropout sites (MODEL_STYLES)
                  global_pool: str = 'token',     # what the head reads: 'token' (CLS, the paper's), 'avg' (patch mean), ''
                 ):
@@ -181,7 +186,7 @@ class PEViT(nn.Module):
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()
         attn = dict(qkv_proj=qkv_proj, grid_size=self.grid_size, qkv_kernel=qkv_kernel,
-                    num_prefix_tokens=self.num_prefix_tokens)
+                    num_prefix_tokens=self.num_prefix_tokens, qkv_padding=qkv_padding)
         # 'released' drops only on the attention weights and the MLP hidden layer (plus the embedding, above)
         out_drop, mlp_drop = (0., (proj_drop_rate, 0.)) if style == 'released' else (proj_drop_rate, None)
         self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias, out_drop, attn_drop_rate,
@@ -429,10 +434,8 @@ class TokenRecorder:
         self.points = (points,) if isinstance(points, str) else tuple(points)
         for p in self.points: check_choice('tap point', p, TAP_POINTS)
         self.layers = list(range(a.depth)) if layers is None else [int(i) for i in layers]
-        for i in self.layers:
-            if not 0 <= i < a.depth: raise IndexError(f"layer {i} out of range for {a.depth} blocks")
+        self.grids = [a.grid_of(i) for i in self.layers]        # the token grid of each recorded layer (checks the index)
         self.num_prefix_tokens = a.num_prefix_tokens
-        self.grids = [a.grids[i] for i in self.layers]          # the token grid of each recorded layer
         self.detach, self.to_cpu = detach, to_cpu
         self.features: dict[str, dict[int, torch.Tensor]] = {p: {} for p in self.points}
         self._handles = []
@@ -446,8 +449,15 @@ class TokenRecorder:
         self.features[point][layer] = t
         if (layer, point) == self._last: raise Recorded          # nothing after this tap is needed
 
+    def _store_out(self, t):
+        "The output tap: one tensor, stored for every point (then, if asked, the pass is stopped)."
+        for p in self.points: self._store(p, self.anatomy.output_layer, t)
+
     def __enter__(self):
         for i in self.layers:
+            if i == self.anatomy.output_layer:
+                self._handles.append(self.anatomy.output_tap.register_forward_hook(lambda m, inp, out: self._store_out(out)))
+                continue
             blk = self.blocks[i]
             for p in self.points:
                 if p == 'ln1':

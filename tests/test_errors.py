@@ -144,7 +144,7 @@ def test_a_duplicated_run_folder_is_named(tmp_path, capsys):
 
 
 def test_two_datasets_in_one_table(tmp_path, capsys):
-    from pe_anchors.report import synthetic_results
+    from pe_anchors.testing import synthetic_results
     a = synthetic_results(seeds=(0,))
     b = a.assign(dataset='cifar10')
     write_results(pd.concat([a, b], ignore_index=True), tmp_path / 'two.csv')

@@ -33,7 +33,7 @@ def test_experiment_file_round_trip_and_validation(tmp_path):
     with pytest.raises(ValueError, match='seeds must be'): tiny(seeds=[])
     with pytest.raises(ValueError, match="unknown RPI mode"): tiny(rpi_mode='pixel')
     with pytest.raises(FileNotFoundError): Experiment.load(tmp_path / 'missing.yaml')
-    assert set(PRESETS) == {'digits', 'cifar10', 'cifar10-cpu', 'imagenet100'}
+    assert set(PRESETS) == {'digits', 'cifar10', 'cifar10-cpu', 'cifar10-cpu-dose', 'cifar10-cpu-deep', 'imagenet100'}
     assert preset('imagenet100').model == 'pe_vit_small_patch16_224' and preset('imagenet100').seeds == [0, 1, 2, 3]
 
 
@@ -76,7 +76,16 @@ def test_evaluate_model_rows_match_independent_measurements(digits):
         ref0 = evaluate_accuracy(model, digits.valid_uint8(bs=100, device='cpu'), digits.normalize, show=False)
     got0 = sweep[(sweep.metric == 'acc') & (sweep['shift'] == 'clean') & (sweep.alpha == 0.)]['value'].item()
     assert got0 == pytest.approx(ref0)
-    assert set(plain[plain.metric == 'ssdc']['layer']) == {0, 1}
+    assert set(plain[plain.metric == 'ssdc']['layer']) == {0, 1, 2}            # two block inputs and the output tap
+    # the output tap is the SSDC of what the head reads: the final norm's patch tokens, computed here without hooks
+    from pe_anchors.ssdc import ssdc
+    out = plain[(plain.metric == 'ssdc') & (plain['mode'] == 'normal') & (plain['tap'] == 'output')]
+    assert list(out['layer']) == [2]
+    with torch.no_grad(): feats = torch.cat([model.forward_features(x)[:, 1:] for x in ev.ssdc_batches])
+    assert out['value'].item() == pytest.approx(float(ssdc(feats, (8, 8))), abs=1e-6)
+    # the α sweep records the whole RPI curve and both fragilities at each α
+    at0 = sweep[sweep.alpha == 0.]
+    assert sorted(at0[at0.metric == 'ssdc']['layer']) == [0, 1, 2] and set(at0[at0.metric == 'fs']['shift']) == {'jpeg', 'blur'}
 
 
 def test_run_experiment_resumes_and_skips(tmp_path, digits):

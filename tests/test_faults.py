@@ -197,7 +197,8 @@ def test_environment_errors_are_one_line(tmp_path, small):
 
 
 def test_report_from_a_read_only_experiment_directory(tmp_path, monkeypatch):
-    from pe_anchors.report import synthetic_results, write_report
+    from pe_anchors.testing import synthetic_results
+    from pe_anchors.report import write_report
     exp_dir = tmp_path / 'exp'
     write_results(synthetic_results(seeds=(0,)), exp_dir / 'runs' / 'all-s0' / 'results.csv')
     import pe_anchors.core as core

@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 from pe_anchors.results import load_results
-from pe_anchors.report import fig2, fig_alpha
+from pe_anchors.figures import fig2, fig_alpha
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {'fig2_rpi': fig2, 'alpha': fig_alpha}
