@@ -33,7 +33,7 @@ def split(name: str):
         print(f"{run.relative_to(ROOT)}: {len(rows)} rows")
 
 def harvest(name: str, run_dir: Path, data_path: str | None):
-    from pe_anchors.experiment import KEPT_MODEL, compare_results, export_run, reevaluate
+    from pe_anchors.experiment import KEPT_MODEL, compare_results, export_run, keep_runs, reevaluate
     from pe_anchors.results import main_rows, read_results, write_results
     run_dir = run_dir.resolve()
     rec = json.loads((run_dir / 'run.json').read_text())
@@ -51,8 +51,12 @@ def harvest(name: str, run_dir: Path, data_path: str | None):
         out = pd.concat([prev, cmp], ignore_index=True) if prev is not None else cmp
         write_results(out, log)
         print(cmp.to_string())
-    reevaluate(run_dir.parent.parent, dest, data_path=data_path, conditions=[c], seeds=[s])
-    print(f"{dest.relative_to(ROOT)}/runs/{c}-s{s}: re-evaluated with its kept model")
+    if 'tap' in new:                                   # measured by this version already (output tap, per-α curves)
+        keep_runs(run_dir.parent.parent, dest, conditions=[c], seeds=[s])
+        print(f"{dest.relative_to(ROOT)}/runs/{c}-s{s}: kept as measured")
+    else:
+        reevaluate(run_dir.parent.parent, dest, data_path=data_path, conditions=[c], seeds=[s])
+        print(f"{dest.relative_to(ROOT)}/runs/{c}-s{s}: re-evaluated with its kept model")
 
 if __name__ == '__main__':
     p = argparse.ArgumentParser()
