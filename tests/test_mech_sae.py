@@ -142,7 +142,7 @@ def test_causal_test_matches_its_parts():
     sel = position_selectivity(latent_position_means(sae, toks), 8)
     lat = sel.nlargest(8, 'pos_sel').latent.to_numpy()
     df = sae_causal_test(m, sae, data, block=1, latents=lat, probes=probes, layer=2, n_random=2, n_perms=1, seed=3,
-                         show_progress=False)
+                         show_progress=False, match='count')
     assert df.ablation.tolist() == ['intact', 'selected', 'random 0', 'random 1']
     assert df.kind.tolist() == ['intact', 'selected', 'random', 'random']
     assert df.n_latents.tolist() == [0, 8, 8, 8]
@@ -164,3 +164,30 @@ def test_causal_test_matches_its_parts():
         sae_causal_test(m, sae, data, block=1, latents=[], probes=probes, layer=2)
     with pytest.raises(ValueError, match='at or after'):
         sae_causal_test(m, sae, data, block=2, latents=lat, layer=1)
+
+
+def test_controls_matched_on_the_norm_removed():
+    "Random control sets remove about as much of each token as the selected set; `removed_norm` is the hook's own change."
+    from pe_anchors.mech.sae import removed_norm
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch1_8', pe='ape', num_classes=10).eval()
+    with torch.no_grad(): m.pos_embed.pos_embed.mul_(50)
+    data = [(torch.randn(24, 3, 8, 8, generator=torch.Generator().manual_seed(i)), torch.randint(0, 10, (24,)))
+            for i in range(3)]
+    toks = layer_tokens(m, data, 1, 'resid')
+    sae, _ = fit_sae(toks, expansion=4, k=8, steps=200, bs=512, lr=3e-3, show_progress=False)
+    sel = position_selectivity(latent_position_means(sae, toks), 8)
+    lat = sel.nlargest(8, 'pos_sel').latent.to_numpy()
+    # the norm removed, by hand: the tokens entering block 1 with and without the ablation
+    from pe_anchors.vit import TokenRecorder
+    def entering(ablate):                                             # the recorder's hook after the ablation's
+        with sae_ablation(m, sae, 1, lat if ablate else []), TokenRecorder(m, 'resid', layers=[1]) as rec, torch.no_grad():
+            return torch.cat([(m(x), rec.patch_tokens('resid')[0])[1] for x, _ in data])
+    base, abl = entering(False), entering(True)
+    assert removed_norm(sae, toks, lat) == pytest.approx((abl - base).norm(dim=-1).mean().item(), rel=1e-4)
+    df = sae_causal_test(m, sae, data, block=1, latents=lat, n_random=3, n_perms=1, seed=3, show_progress=False, tol=.25)
+    target = df.loc[df.ablation == 'selected', 'norm_removed'].item()
+    rand = df.loc[df.kind == 'random', 'norm_removed']
+    assert len(rand) == 3 and (abs(rand - target) <= .25 * target).all()
+    with pytest.raises(ValueError, match='within'):
+        sae_causal_test(m, sae, data, block=1, latents=lat, n_random=3, n_perms=1, show_progress=False, tol=1e-9, tries=5)

@@ -4,10 +4,10 @@
 
 # %% ../../nbs/11_mech.position.ipynb #517408d9
 from __future__ import annotations
-import warnings
+import math, warnings
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ from ..interventions import measure_ssdc, pe_scaled
 __all__ = ['POSITION_TARGETS', 'ROPE_AXES', 'layer_tokens', 'position_labels', 'split_images', 'PositionProbe', 'PositionProbes',
            'fit_position_probes', 'retention', 'position_removed', 'rotary_tables', 'rotary_axes', 'knockout_mask',
            'rope_knockout', 'grid_permutation', 'permutation_sensitivity', 'probe_knockouts', 'withheld_retention',
-           'rebuild_heads']
+           'rebuild_heads', 'probe_study']
 
 # %% ../../nbs/11_mech.position.ipynb #90c92eb2
 def layer_tokens(model: nn.Module,
@@ -35,8 +35,9 @@ def layer_tokens(model: nn.Module,
                  max_images: int | None = None,
                  show_progress: bool | None = None,
                 ) -> torch.Tensor:              # (I, N, C) float32 on the CPU
-    "The patch tokens of every image at block `layer`, gathered on the CPU."
-    layer = anatomy(model).block_index(layer)
+    "The patch tokens of every image at block `layer` (or `anatomy.output_layer`: the output tap), gathered on the CPU."
+    a = anatomy(model)
+    layer = a.output_layer if layer == a.output_layer else a.block_index(layer)
     out = [f[0].float().cpu() for f in patch_token_batches(model, batches, [layer], point, max_images, show_progress,
                                                           comment=f'block {layer} tokens')]
     if not out: raise ValueError("the loader gave no images")
@@ -365,10 +366,13 @@ def probe_knockouts(model: nn.Module,
     return df[df.knockout.isin(keep)].assign(layer=anatomy(model).block_index(layer), refit=refit).reset_index(drop=True)
 
 # %% ../../nbs/11_mech.position.ipynb #29f7d66e
-def _late_ssdc(model, batches, layer, point, mode, n_perms, perm_seed, max_images) -> float:
+def _late_draws(model, batches, layer, point, mode, n_perms, perm_seed, max_images) -> np.ndarray: # (K,) one per draw
     runs = measure_ssdc(model, batches, mode, n_perms, perm_seed, layers=[anatomy(model).block_index(layer)], point=point,
                         max_images=max_images, show_progress=False)
-    return float(runs.values.mean())
+    return runs.values[:, 0]
+
+def _late_ssdc(model, batches, layer, point, mode, n_perms, perm_seed, max_images) -> float:
+    return float(_late_draws(model, batches, layer, point, mode, n_perms, perm_seed, max_images).mean())
 
 def withheld_retention(model: nn.Module,
                        batches: Iterable,                # re-iterable: several passes
@@ -406,20 +410,53 @@ def rebuild_heads(model: nn.Module,
                   max_images: int | None = None,
                   show_progress: bool | None = None,
                  ) -> pd.DataFrame:
-    "With rotations withheld in the first blocks, knock out each later (block, head) in turn; sorted by the SSDC lost."
+    """With rotations withheld in the first blocks, knock out each later (block, head) in turn; sorted by the SSDC lost,
+    with its standard error over the permutation draws (paired: every configuration uses the same draws)."""
     a = _rotary(model)
     H, last = a.num_heads[0], a.block_index(layer)
     if not 0 < withheld <= last:
         raise ValueError(f"withheld must be in 1..{last} (blocks after it rebuild, up to the measured block {last})")
-    ssdc = lambda: _late_ssdc(model, batches, layer, point, mode, n_perms, perm_seed, max_images)
+    draws = lambda: _late_draws(model, batches, layer, point, mode, n_perms, perm_seed, max_images)
     with rope_knockout(model, blocks=range(withheld)):
-        ref, rows = ssdc(), []
+        ref, rows, per = draws(), [], {}
         cells = [(b, h) for b in range(withheld, last + 1) for h in range(H)]
         for b, h in pbar(cells, show=show_progress, comment='heads'):
-            with rope_knockout(model, blocks=[b], heads=[h]): s = ssdc()
-            rows.append(dict(block=b, head=h, ssdc=s, ssdc_lost=ref - s))
-    with rope_knockout(model): floor = ssdc()
+            with rope_knockout(model, blocks=[b], heads=[h]): per[b, h] = draws()
+            lost = ref - per[b, h]
+            rows.append(dict(block=b, head=h, ssdc=float(per[b, h].mean()), ssdc_lost=float(lost.mean()),
+                             lost_se=float(lost.std(ddof=1) / math.sqrt(len(lost))) if len(lost) > 1 else math.nan))
+    with rope_knockout(model): floor = float(draws().mean())
+    ref_m = float(ref.mean())
     df = pd.DataFrame(rows)
-    df['recovery_lost'] = df.ssdc_lost / (ref - floor) if abs(ref - floor) > 1e-12 else np.nan   # 1 = down to the floor
-    return df.sort_values('ssdc_lost', ascending=False, ignore_index=True).assign(
-        withheld=withheld, ssdc_withheld=ref, ssdc_floor=floor, mode=mode)
+    df['recovery_lost'] = df.ssdc_lost / (ref_m - floor) if abs(ref_m - floor) > 1e-12 else np.nan   # 1 = down to the floor
+    df = df.sort_values('ssdc_lost', ascending=False, ignore_index=True).assign(
+        withheld=withheld, ssdc_withheld=ref_m, ssdc_floor=floor, mode=mode, n_perms=n_perms)
+    if len(df) > 1 and n_perms > 1:                   # is the top head told apart from the next one by the draws?
+        (b0, h0), (b1, h1) = (tuple(int(v) for v in df.loc[i, ['block', 'head']]) for i in (0, 1))
+        d = per[b1, h1] - per[b0, h0]                  # SSDC without the 2nd minus without the 1st = lost(1st) - lost(2nd)
+        df.attrs['top_gap'] = (float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))))
+    return df
+
+# %% ../../nbs/11_mech.position.ipynb #5f8448fd
+def probe_study(models: Mapping[tuple[str, int], nn.Module],  # (condition, seed) -> model, all on one token grid
+                batches: Iterable,                            # the same images, in the same order, for every model
+                layers: Sequence[int] | None = None,          # default: every block input and the output tap
+                targets: Sequence[str] = POSITION_TARGETS,
+                test_frac: float = .25,
+                seed: int = 0,                                # one image split for every model and layer
+                control: str = 'nope',                        # the content floor's condition
+                show_progress: bool | None = None,
+                **fit_kwargs,
+               ) -> pd.DataFrame:
+    "Probe test accuracy per model, layer and target, beside the control's at the same seed and layer (the content floor)."
+    rows = []
+    for (c, s), m in pbar(list(models.items()), show=show_progress, comment='models'):
+        a = anatomy(m)
+        for l in (list(range(a.depth)) + [a.output_layer] if layers is None else layers):
+            t = fit_position_probes(layer_tokens(m, batches, l), a.grid_size, targets, test_frac, seed, **fit_kwargs).table
+            rows += t.assign(condition=c, seed=s, layer=l, tap='output' if l == a.output_layer else 'block input').to_dict('records')
+    df = pd.DataFrame(rows)
+    floor = df[df['condition'] == control].set_index(['seed', 'layer', 'target'])['test_acc']
+    df['floor'] = [floor.get((s, l, t), np.nan) for s, l, t in zip(df['seed'], df['layer'], df['target'])]
+    df['above_floor'] = df['test_acc'] - df['floor']
+    return df

@@ -21,7 +21,7 @@ from .position import PositionProbes, layer_tokens
 
 # %% auto #0
 __all__ = ['AUX_REDUCTIONS', 'TopKSAE', 'sae_stats', 'fit_sae', 'latent_position_means', 'position_selectivity',
-           'positional_latents', 'sae_ablation', 'sae_causal_test']
+           'positional_latents', 'sae_ablation', 'removed_norm', 'sae_causal_test']
 
 # %% ../../nbs/11_mech.sae.ipynb #c7e297bd
 class TopKSAE(nn.Module):
@@ -244,6 +244,20 @@ def _top1(model, batches, max_images) -> float:
     return correct / max(n, 1)
 
 # %% ../../nbs/11_mech.sae.ipynb #eeaa0eb1
+@torch.no_grad()
+def removed_norm(sae: TopKSAE, features: torch.Tensor, latents, mode: str = 'zero',
+                 mean_acts: torch.Tensor | None = None, bs: int = 64) -> float:
+    "Mean over tokens of the norm an ablation of `latents` takes out of a token (`sae_ablation`'s change), in input units."
+    idx = torch.as_tensor(np.asarray(latents, dtype=np.int64).reshape(-1))
+    if not len(idx): return 0.
+    tot, n = 0., 0
+    for i in range(0, len(features), bs):
+        z = sae.encode(features[i:i + bs].float())[..., idx]
+        tgt = torch.zeros_like(z) if mode == 'zero' else mean_acts.to(z)[idx].expand_as(z)
+        d = (tgt - z) @ sae.W_dec[idx] / sae.scale
+        tot += float(d.norm(dim=-1).sum()); n += d.shape[0] * d.shape[1]
+    return tot / n
+
 def sae_causal_test(model: nn.Module,
                     sae: TopKSAE,
                     batches: Iterable,                 # (x, y) batches, the same images in the same order every pass
@@ -259,8 +273,12 @@ def sae_causal_test(model: nn.Module,
                     min_rel_act: float = .01,          # random sets: latents at least this active (as position_selectivity)
                     max_images: int | None = None,
                     show_progress: bool | None = None,
+                    match: str = 'mass',               # random sets of as many latents ('count') or removing as much ('mass')
+                    tol: float = .2,                   # 'mass': within ±tol of the selected set's removed norm
+                    tries: int = 200,                  # random sets built to find the matched ones
                    ) -> pd.DataFrame:
-    "Probe accuracy, SSDC and top-1 with the selected latents ablated vs random latent sets vs intact (one row each)."
+    """Probe accuracy, SSDC and top-1 with the selected latents ablated vs random latent sets vs intact (one row each);
+    each row's `norm_removed` is the mean norm the ablation takes out of a token."""
     block, layer = anatomy(model).block_index(block), anatomy(model).block_index(layer)
     if layer < block: raise ValueError(f"layer ({layer}) must be at or after the ablated block ({block})")
     latents = np.asarray(latents, dtype=np.int64).reshape(-1)
@@ -272,14 +290,31 @@ def sae_causal_test(model: nn.Module,
     m = means.numpy()
     alive = np.setdiff1d(np.flatnonzero((m > 0) & (m >= min_rel_act * m.mean())), latents)
     rng = np.random.default_rng(seed)
+    check_choice('match', match, ('count', 'mass'))
     if n_random and len(alive) < len(latents): raise ValueError(f"only {len(alive)} other active latents for random sets of {len(latents)}: lower min_rel_act")
+    removed = lambda lat: removed_norm(sae, feats, lat, mode, means)
+    target, controls = removed(latents), []
+    if match == 'count': controls = [rng.choice(alive, len(latents), replace=False) for _ in range(n_random)]
+    for _ in range(tries if match == 'mass' and n_random else 0):   # random latents added until they remove as much
+        lat = []
+        for j in rng.permutation(alive):
+            r = removed(lat + [j])
+            if r > (1 + tol) * target: continue                    # this one would overshoot: skip it
+            lat.append(j)
+            if r >= (1 - tol) * target: break
+        if abs(removed(lat) - target) <= tol * target: controls.append(np.array(lat, dtype=np.int64))
+        if len(controls) == n_random: break
+    if len(controls) < n_random:
+        raise ValueError(f"only {len(controls)} of {n_random} random latent sets remove the selected set's norm ({target:.3f}) "
+                         f"within ±{tol:.0%} in {tries} draws: raise tol or use match='count'")
     sets = [('intact', np.array([], dtype=np.int64)), ('selected', latents)]
-    sets += [(f'random {i}', rng.choice(alive, len(latents), replace=False)) for i in range(n_random)]
+    sets += [(f'random {i}', lat) for i, lat in enumerate(controls)]
     rows = []
     try:
         for name, lat in pbar(sets, show=show_progress, comment='ablations'):
             with sae_ablation(model, sae, block, lat, mode, means):
-                row = dict(ablation=name, n_latents=len(lat), block=block, layer=layer, mode=mode)
+                row = dict(ablation=name, n_latents=len(lat), block=block, layer=layer, mode=mode, match=match,
+                           norm_removed=removed(lat) if len(lat) else 0.)
                 if probes is not None:
                     acc = probes.score(layer_tokens(model, batches, layer, 'ln1', max_images, show_progress=False))
                     row.update({f'probe_{t}': a for t, a in zip(acc.target, acc.test_acc)})
