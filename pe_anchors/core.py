@@ -17,8 +17,8 @@ __all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDI
            'N_PERMS', 'LEFTOVERS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'image_rng', 'image_perms',
            'condition_spec', 'condition_model_kwargs', 'condition_label', 'condition_order', 'show_progress', 'pbar',
            'default_device', 'cpu_name', 'hardware_info', 'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores',
-           'auto_threads', 'set_threads', 'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic',
-           'current_umask', 'read_json', 'RunLock', 'remove_leftovers']
+           'auto_threads', 'set_threads', 'run_perm_seed', 'dist_info', 'sync', 'check_alpha', 'unwrap_model',
+           'write_atomic', 'current_umask', 'read_json', 'RunLock', 'remove_leftovers']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -215,6 +215,10 @@ def set_threads(n: int) -> int:
 # %% ../nbs/00_core.ipynb #1fe0ef6f
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 N_PERMS = 8                         # RPI permutation draws averaged per measurement, unless told otherwise
+
+def run_perm_seed(seed: int) -> int:
+    "The permutation seed of run `seed`'s first RPI draw (draw k uses it + k): one seed's runs share their draws, other seeds never do."
+    return 1000 * int(seed)
 
 def dist_info() -> tuple[int, int]:
     "(rank, world size) of the torch.distributed process group, (0, 1) outside one."

@@ -15,7 +15,7 @@ import timm
 import torch
 from torch import nn
 
-from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, auto_threads, default_device, check_choice,
+from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, run_perm_seed, auto_threads, default_device, check_choice,
                              code_version, condition_model_kwargs, condition_spec, hardware_info, pbar, read_json, remove_leftovers, set_threads,
                              unwrap_model, show_progress, write_atomic)
 from .anatomy import anatomy, model_family
@@ -219,7 +219,7 @@ def evaluate_model(model: nn.Module,
     a = anatomy(model)
     taps = list(range(a.depth)) + [a.output_layer]                         # every block input, and the output tap
     frames = [ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
-                                perm_seed=1000 * seed, measure_kwargs=dict(show_progress=False, layers=taps), **meta)]
+                                perm_seed=run_perm_seed(seed), measure_kwargs=dict(show_progress=False, layers=taps), **meta)]
     if 'additive' in a.position:                                           # the learned / fixed table's own structure
         frames.append(pd.DataFrame([result_row(metric='pe_table_ssdc', value=pe_table_ssdc(model), **meta)]))
     if stage == 'trained':
@@ -242,7 +242,7 @@ def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show, taps: li
     for a in pbar(exp.alphas, total=len(exp.alphas), show=show, comment='alpha'):     # one α at a time: a failure names it
         metrics = {'acc_clean': acc(None, a), **{f'acc_{s.kind}': acc(s, a) for s in shifts}}
         try: frames.append(alpha_sweep(model, ev.ssdc_batches, [a], metrics=metrics, layers=taps,
-                                       mode=exp.rpi_mode, n_perms=exp.n_perms, perm_seed=1000 * meta['seed'],
+                                       mode=exp.rpi_mode, n_perms=exp.n_perms, perm_seed=run_perm_seed(meta['seed']),
                                        show_progress=False, **meta))
         except ValueError as e: raise ValueError(f"α = {a:g}: {e}") from None
     sweep = pd.concat(frames, ignore_index=True)
@@ -538,7 +538,7 @@ def load_run_model(out_dir: str | Path, condition: str, seed: int = 0, map_locat
         raise FileNotFoundError(f"run {condition}-s{seed} has no final model in {d} (not finished?)")
     return load_trained(d, map_location)[0]
 
-# %% ../nbs/09_experiment.ipynb #f84b5e7f
+# %% ../nbs/09_experiment.ipynb #bdf3c2aa
 def experiment_of(path: str | Path) -> Experiment:
     "The `Experiment` of an experiment directory (`experiment.json`) or of a results folder (the `experiment` of its `meta.json`)."
     p = Path(path)
@@ -602,7 +602,7 @@ def load_kept(path: str | Path,                  # an experiment directory or a 
     model = load_trained(d / KEPT_MODEL)[0].to(ev.device).eval()
     return KeptRun(exp, condition, seed, model, ev.data, ev, read_results(d / 'results.csv'), d)
 
-# %% ../nbs/09_experiment.ipynb #e5a1d07e
+# %% ../nbs/09_experiment.ipynb #17af50d1
 def _replace_dir(tmp: Path, dest: Path):
     "Put folder `tmp` at `dest`, replacing what is there (two renames; the old one removed after)."
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
@@ -777,7 +777,7 @@ def padding_ablation(out_dir: str | Path,
         for p in paddings:
             with peg_padding(model, p):
                 traj = ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
-                                         perm_seed=1000 * s, measure_kwargs=dict(show_progress=False), **meta)
+                                         perm_seed=run_perm_seed(s), measure_kwargs=dict(show_progress=False), **meta)
                 clean, shifted = (evaluate_accuracy(model, ev.sets[k], data.normalize, show=False) for k in (None, jpeg))
             acc = [{**r, 'n_images': len(ev.labels)} for r in (
                    result_row(metric='acc', shift='clean', value=clean, **meta),
@@ -785,4 +785,3 @@ def padding_ablation(out_dir: str | Path,
                    result_row(metric='fs', shift='jpeg', severity='paper', value=float(fragility(shifted, clean)), **meta))]
             frames.append(pd.concat([traj, pd.DataFrame(acc)], ignore_index=True).assign(padding=p))
     return pd.concat(frames, ignore_index=True)
-

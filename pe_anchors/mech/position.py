@@ -437,7 +437,7 @@ def rebuild_heads(model: nn.Module,
         df.attrs['top_gap'] = (float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))))
     return df
 
-# %% ../../nbs/11_mech.position.ipynb #5f8448fd
+# %% ../../nbs/11_mech.position.ipynb #bb52a021
 def probe_study(models: Mapping[tuple[str, int], nn.Module],  # (condition, seed) -> model, all on one token grid
                 batches: Iterable,                            # the same images, in the same order, for every model
                 layers: Sequence[int] | None = None,          # default: every block input and the output tap
