@@ -247,9 +247,13 @@ class RunRecorder(Callback):
         self.start_epoch, self._resume, self._lock = 0, None, None
 
     def clear(self):
-        "Start over: delete the checkpoints, metrics and final files of an earlier run in `run_dir`."
-        shutil.rmtree(self.run_dir / 'checkpoints', ignore_errors=True)
-        for f in ('metrics.csv', 'final.json', 'model.safetensors'): (self.run_dir / f).unlink(missing_ok=True)
+        "Start over: delete the checkpoints, metrics and final files of an earlier run in `run_dir` (holding its lock)."
+        if not self.run_dir.is_dir(): return
+        with RunLock(self.run_dir) as lock:                            # never under another process that trains it
+            if not lock.acquired: raise ValueError(f"{self.run_dir} is being trained by another process; wait for it "
+                                                   "or use another directory (nothing was deleted)")
+            shutil.rmtree(self.run_dir / 'checkpoints', ignore_errors=True)
+            for f in ('metrics.csv', 'final.json', 'model.safetensors'): (self.run_dir / f).unlink(missing_ok=True)
 
     def prepare_resume(self, model: nn.Module | None = None) -> int:
         "Check the saved config, find the newest checkpoint that reads back whole and fits `model`; returns the first epoch to train."
@@ -307,7 +311,6 @@ class RunRecorder(Callback):
                 keep = saved; warnings.warn(f"{p} lacked the rows of {span}; restored them from {self._resume[0]}")
             else: warnings.warn(f"{p} lacks the rows of {span} and the checkpoint does not hold them: that history is lost")
         if keep != rows: _write_metrics(p, keep)
-
 
 # %% ../nbs/05_learner.ipynb #45d2a824
 @patch

@@ -188,3 +188,26 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start(tmp_path):
     for p in planted: p.write_bytes(b'half')
     run_experiment(exp, tmp_path / 'exp', device='cpu', show=False)
     assert not any(p.exists() for p in planted)
+
+
+# ---------------------------------------------------------------- issue 34: mistakes that lost data or ended in a traceback
+def _hold(run: Path, shared: bool = False) -> subprocess.Popen:
+    "Another process holding `run`'s RunLock (until killed); returns once it holds it."
+    probe = (f"from pe_anchors.core import RunLock; import time\n"
+             f"with RunLock({str(run)!r}, shared={shared}) as l: print(l.acquired, flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, '-c', probe], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == 'True'
+    return holder
+
+
+def test_restart_of_a_run_another_process_trains_deletes_nothing(tmp_path, capsys):
+    run = tmp_path / 'run'
+    (run / 'checkpoints' / 'epoch_000').mkdir(parents=True)
+    (run / 'checkpoints' / 'epoch_000' / 'model.safetensors').write_bytes(b'weights')
+    for f in ('metrics.csv', 'final.json', 'model.safetensors'): (run / f).write_text('kept')
+    holder = _hold(run)
+    try: rc, err = cli(capsys, 'train', '--out', run, '--epochs', '1', '--bs', '256', '--restart', '--quiet')
+    finally: holder.kill(); holder.wait()
+    assert rc == 2 and 'is being trained by another process' in err, err
+    assert all((run / f).read_text() == 'kept' for f in ('metrics.csv', 'final.json', 'model.safetensors'))
+    assert (run / 'checkpoints' / 'epoch_000' / 'model.safetensors').exists()
