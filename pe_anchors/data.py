@@ -22,9 +22,9 @@ from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, default_device, dis
 
 # %% auto #0
 __all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'DATA_PATH_ENV',
-           'DATASETS', 'translate_flip', 'resized_crop', 'random_boxes', 'Normalize', 'BatchAug', 'decode_file',
-           'ImageSplit', 'ImageDL', 'ImageLoaders', 'ImageData', 'image_folder', 'imagenet100', 'data_path', 'cifar10',
-           'digits', 'get_data', 'takes_path', 'stratified_sample']
+           'DATASETS', 'DIGITS_IMAGES', 'CIFAR10_IMAGES', 'translate_flip', 'resized_crop', 'random_boxes', 'Normalize',
+           'BatchAug', 'decode_file', 'ImageSplit', 'ImageDL', 'ImageLoaders', 'ImageData', 'image_folder',
+           'imagenet100', 'data_path', 'cifar10', 'digits', 'get_data', 'data_bytes', 'takes_path', 'stratified_sample']
 
 # %% ../nbs/03_data.ipynb #c07fe4ea
 # ImageNet-100 as defined by the CMC paper's class file: Tian, Krishnan & Isola, "Contrastive Multiview Coding",
@@ -600,13 +600,26 @@ def digits(seed: int = 0,              # seed of the train/valid split
 # %% ../nbs/03_data.ipynb #6b8dd411
 DATASETS = {'digits': digits, 'cifar10': cifar10, 'imagenet100': imagenet100, 'image_folder': image_folder}
 
-def get_data(name: str | Path | ImageData = 'digits', **kwargs) -> ImageData:
-    "An `ImageData` by name (`DATASETS`), from a folder path, or passed through."
+def get_data(name: str | Path | ImageData = 'digits', /, **kwargs) -> ImageData:
+    "An `ImageData` by name (`DATASETS`), from a folder path, or passed through (`kwargs` may hold the builder's own `name`)."
     if isinstance(name, ImageData): return name
     if isinstance(name, str) and name in DATASETS: return DATASETS[name](**kwargs)
     p = Path(name).expanduser()
     if p.suffix == '.npz' or p.exists(): return (cifar10 if p.suffix == '.npz' else image_folder)(p, **kwargs)
     raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or an existing folder path")
+
+DIGITS_IMAGES, CIFAR10_IMAGES = 1797, 60000          # images of the in-memory datasets (train and validation)
+
+def data_bytes(name: str | Path, **kwargs) -> int | None:
+    "Estimated peak memory (bytes) of building dataset `name` with `kwargs` in memory; None for a folder (see `image_folder`'s `in_memory`)."
+    import inspect
+    if isinstance(name, ImageData): return None
+    builder = DATASETS.get(name) if isinstance(name, str) else None
+    if builder is None and str(name).endswith('.npz'): builder = cifar10
+    if builder not in (digits, cifar10): return None
+    s = kwargs.get('img_size', inspect.signature(builder).parameters['img_size'].default)
+    if builder is digits: return DIGITS_IMAGES * s * s * (3 * 4 + 3)     # float32 upsampled, background, sum; then uint8 RGB
+    return CIFAR10_IMAGES * 3 * (32 * 32 + 2 * s * s)                    # the decoded set and its resized copy
 
 def takes_path(name: str | Path) -> bool:
     "Whether dataset `name` (a key of `DATASETS`) is read from a location given apart, its builder's `path` (see `data_path`); a folder or file given as the name is its own location."

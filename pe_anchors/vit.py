@@ -184,7 +184,7 @@ class PEViT(nn.Module):
         self.pos_embed = create_pos_embed(pe, self.grid_size, embed_dim, num_heads, depth=depth,
                                           num_prefix_tokens=self.num_prefix_tokens, **(pe_kwargs or {}))
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()   # on the CPU also when built on the meta device
         attn = dict(qkv_proj=qkv_proj, grid_size=self.grid_size, qkv_kernel=qkv_kernel,
                     num_prefix_tokens=self.num_prefix_tokens, qkv_padding=qkv_padding)
         # 'released' drops only on the attention weights and the MLP hidden layer (plus the embedding, above)

@@ -211,3 +211,76 @@ def test_restart_of_a_run_another_process_trains_deletes_nothing(tmp_path, capsy
     assert rc == 2 and 'is being trained by another process' in err, err
     assert all((run / f).read_text() == 'kept' for f in ('metrics.csv', 'final.json', 'model.safetensors'))
     assert (run / 'checkpoints' / 'epoch_000' / 'model.safetensors').exists()
+
+
+# ---------------------------------------------------------------- the command line's one-line errors, one case per row
+def _exp_file(tmp: Path, **fields) -> Path:
+    "A small digits experiment file (YAML) with `fields` changed."
+    import yaml
+    d = {**tiny().to_dict(), **fields}
+    p = tmp / 'e.yaml'; p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+def _sweep(**fields):
+    "The argv of `sweep` on an experiment file with `fields`."
+    return lambda t: ['sweep', _exp_file(t, **fields), '--out', t / 'o', '--quiet']
+
+ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line holds)
+    ('name-not-a-string', _sweep(name=123), 2, ['e.yaml', 'name must be a string', '123']),
+    ('untrained-quoted', _sweep(untrained='false'), 2, ['e.yaml', 'untrained', "'false'", 'without quotes']),
+    ('seed-a-bool', _sweep(seeds=[True]), 2, ['e.yaml', 'seeds[0]', 'True', 'whole number']),
+    ('ssdc-images-a-string', _sweep(ssdc_images='32'), 2, ['e.yaml', 'ssdc_images', "'32'", 'without quotes']),
+    ('n-perms-a-float', _sweep(n_perms=2.5), 2, ['e.yaml', 'n_perms', '2.5', 'whole number']),
+    ('alphas-strings', _sweep(alphas=['1', '.5']), 2, ['e.yaml', 'alphas[0]', "'1'", 'number']),
+    ('data-kwargs-unknown-key', _sweep(data_kwargs=dict(bakground=64)), 2, ['e.yaml', 'data_kwargs', "'bakground'", 'valid: seed']),
+    ('data-kwargs-name', _sweep(data_kwargs=dict(name='mine')), 2, ['e.yaml', 'data_kwargs', "'name'", 'digits()']),
+    ('data-kwargs-wrong-type', _sweep(data_kwargs=dict(img_size='16')), 2, ['e.yaml', 'data_kwargs.img_size', "'16'"]),
+    ('train-kwargs-quoted-flag', _sweep(train_kwargs=dict(epochs=1, bf16='no')), 2, ['e.yaml', 'train_kwargs.bf16', "'no'"]),
+    ('model-depth-a-string', _sweep(model_kwargs=dict(depth='2')), 2, ['e.yaml', 'model_kwargs.depth', "'2'"]),
+    ('huge-depth', _sweep(model_kwargs=dict(depth=10**9)), 2, ['depth', 'GiB', 'this machine has', 'lower its depth']),
+    ('huge-width', _sweep(model_kwargs=dict(depth=2, embed_dim=2**16, num_heads=4)), 2, ['embed_dim', 'GiB', 'this machine has']),
+    ('huge-image-size', _sweep(data_kwargs=dict(img_size=100_000)), 2, ['img_size', 'GiB', 'this machine has']),
+]
+
+@pytest.mark.parametrize('argv, status, words', [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_one_line_errors(tmp_path, capsys, argv, status, words):
+    rc, err = cli(capsys, *argv(tmp_path))                     # `cli` fails on a second line or a Traceback
+    assert rc == status and all(w in err for w in words), err
+    assert not (tmp_path / 'o' / 'experiment.json').exists()                # refused before anything is written
+
+
+@pytest.mark.parametrize('fields, kind', [(dict(name=123), TypeError), (dict(untrained='false'), TypeError),
+                                          (dict(seeds=[True]), TypeError), (dict(n_perms=2.0), TypeError),
+                                          (dict(alphas=['1']), TypeError), (dict(n_perms=0), ValueError),
+                                          (dict(seeds=[-1]), ValueError), (dict(data_kwargs=dict(name='x')), ValueError)])
+def test_the_library_raises_typed_errors_with_the_same_message(fields, kind):
+    from pe_anchors.experiment import ExperimentError
+    with pytest.raises(ExperimentError) as e: tiny(**fields)
+    assert isinstance(e.value, kind) and isinstance(e.value, ValueError) and str(next(iter(fields))) in str(e.value)
+
+
+def test_a_data_kwargs_name_reaches_a_builder_that_takes_one(tmp_path):
+    from PIL import Image
+    from pe_anchors.data import get_data
+    for split in ('train', 'val'):
+        for c in ('a', 'b'):
+            (tmp_path / split / c).mkdir(parents=True)
+            Image.new('RGB', (8, 8), (10, 200, 30)).save(tmp_path / split / c / 'x.png')
+    assert get_data(str(tmp_path), name='mine', img_size=8).name == 'mine'   # not "multiple values for argument 'name'"
+    assert Experiment(data=str(tmp_path), data_kwargs=dict(name='mine', img_size=8)).data_kwargs['name'] == 'mine'
+
+
+def test_a_sweep_prints_its_cost_before_it_starts(tmp_path, capsys):
+    from pe_anchors.data import digits
+    from pe_anchors.experiment import experiment_cost
+    exp = tiny(n_perms=3)
+    d = digits(background=64)
+    c = experiment_cost(exp, d)
+    assert c['trained'] == 2 * 1 * len(d.train) and c['measured'] > 2 * 32 * (1 + 3)
+    assert experiment_cost(tiny(n_perms=30), d)['measured'] > c['measured']
+    for cond, s in exp.runs(): fake_run(tmp_path, exp, cond, s)        # finished: the sweep only gathers them
+    f = _exp_file(tmp_path, n_perms=3)
+    rc = main(['sweep', str(f), '--out', str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"2 run(s) × 1 epoch(s) × {len(d.train):,} images = {2 * len(d.train):,} training images" in out, out
+    assert f"measuring: {c['measured']:,} images" in out and '3 permutation draw(s)' in out, out
