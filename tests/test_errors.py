@@ -225,6 +225,33 @@ def _sweep(**fields):
     "The argv of `sweep` on an experiment file with `fields`."
     return lambda t: ['sweep', _exp_file(t, **fields), '--out', t / 'o', '--quiet']
 
+
+def _jpeg(size: int = 32, colour=(10, 120, 30)) -> bytes:
+    import io
+    from PIL import Image
+    b = io.BytesIO(); Image.new('RGB', (size, size), colour).save(b, 'JPEG'); return b.getvalue()
+
+def _npz(tmp: Path, train=None, drop=(), labels=None, damage=None) -> Path:
+    "A packed CIFAR-10-like npz (2 classes, 4 + 4 JPEGs) with `train` images, keys `drop`ped, train `labels`, or `damage`d."
+    import numpy as np
+    d = {}
+    for split, ims in (('train', train or [_jpeg()] * 4), ('val', [_jpeg()] * 4)):
+        d[f'{split}_jpeg'] = np.frombuffer(b''.join(ims), np.uint8)
+        d[f'{split}_offsets'] = np.cumsum([0] + [len(x) for x in ims]).astype(np.int64)
+        d[f'{split}_labels'] = np.arange(len(ims)) % 2
+    if labels is not None: d['train_labels'] = labels
+    d['classes'] = np.array(['cat', 'dog'])
+    for k in drop: d.pop(k)
+    p = tmp / 'c.npz'; np.savez(p, **d)
+    if damage == 'truncate': p.write_bytes(p.read_bytes()[:p.stat().st_size // 2])
+    if damage == 'crc':
+        b = bytearray(p.read_bytes()); i = b.find(_jpeg()[200:220]); b[i] ^= 0xFF; p.write_bytes(bytes(b))
+    return p
+
+def _train_on(**npz):
+    "The argv of `train` on CIFAR-10 from a packed npz made by `_npz(**npz)`."
+    return lambda t: ['train', '--data', 'cifar10', '--data-path', _npz(t, **npz), '--out', t / 'o', '--epochs', '1', '--quiet']
+
 ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line holds)
     ('name-not-a-string', _sweep(name=123), 2, ['e.yaml', 'name must be a string', '123']),
     ('untrained-quoted', _sweep(untrained='false'), 2, ['e.yaml', 'untrained', "'false'", 'without quotes']),
@@ -240,6 +267,18 @@ ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line h
     ('huge-depth', _sweep(model_kwargs=dict(depth=10**9)), 2, ['depth', 'GiB', 'this machine has', 'lower its depth']),
     ('huge-width', _sweep(model_kwargs=dict(depth=2, embed_dim=2**16, num_heads=4)), 2, ['embed_dim', 'GiB', 'this machine has']),
     ('huge-image-size', _sweep(data_kwargs=dict(img_size=100_000)), 2, ['img_size', 'GiB', 'this machine has']),
+    ('npz-without-offsets', _train_on(drop=('train_offsets',)), 2, ['c.npz', 'lacks train_offsets']),
+    ('npz-without-classes', _train_on(drop=('classes',)), 2, ['c.npz', 'lacks classes']),
+    ('npz-empty-jpeg', _train_on(train=[_jpeg(), _jpeg(), b'', _jpeg()]), 2, ['c.npz', 'train image 2 is empty']),
+    ('npz-broken-jpeg', _train_on(train=[_jpeg(), b'not a jpeg at all', _jpeg(), _jpeg()]), 2,
+     ['c.npz', 'train image 1 is not a readable JPEG']),
+    ('npz-truncated', _train_on(damage='truncate'), 2, ['c.npz', 'not a readable npz', 'truncated']),
+    ('npz-bad-crc', _train_on(damage='crc'), 2, ['c.npz', 'train_jpeg does not read back', 'CRC']),
+    ('npz-mixed-sizes', _train_on(train=[_jpeg(), _jpeg(), _jpeg(16), _jpeg()]), 2, ['c.npz', '2 sizes', 'image 2 (16, 16)']),
+    ('npz-2d-labels', _train_on(labels=__import__('numpy').zeros((4, 2), int)), 2, ['c.npz', 'train_labels', '(4, 2)', '1-D']),
+    ('npz-label-out-of-range', _train_on(labels=__import__('numpy').array([0, 1, 7, 0])), 2, ['c.npz', 'train_labels hold 7']),
+    ('digits-valid-pct-0', _sweep(data_kwargs=dict(valid_pct=0)), 2, ['valid_pct', 'got 0']),
+    ('digits-valid-pct-1.5', _sweep(data_kwargs=dict(valid_pct=1.5)), 2, ['valid_pct', 'got 1.5']),
 ]
 
 @pytest.mark.parametrize('argv, status, words', [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
@@ -284,3 +323,22 @@ def test_a_sweep_prints_its_cost_before_it_starts(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and f"2 run(s) × 1 epoch(s) × {len(d.train):,} images = {2 * len(d.train):,} training images" in out, out
     assert f"measuring: {c['measured']:,} images" in out and '3 permutation draw(s)' in out, out
+
+
+def test_an_animated_gif_in_an_image_folder_is_skipped_and_named(tmp_path, caplog):
+    from PIL import Image
+    from pe_anchors.data import decode_file, image_folder
+    for split in ('train', 'val'):
+        for c in ('a', 'b'):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(2): Image.new('RGB', (8, 8), (60 * i, 0, 0)).save(tmp_path / split / c / f'{i}.png')
+    frames = [Image.new('RGB', (8, 8), (0, 0, 40 * k)) for k in range(3)]
+    gif = tmp_path / 'train' / 'a' / 'anim.gif'
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    with pytest.raises(ValueError, match=r'anim.gif is animated \(3 frames\)'): decode_file(gif, 8)
+    for in_memory in (True, False):
+        with caplog.at_level('WARNING', logger='pe_anchors.data'):
+            d = image_folder(tmp_path, img_size=8, in_memory=in_memory)
+        assert len(d.train) == 4 and 'anim.gif' in caplog.text, caplog.text     # the four still images, the GIF named
+        assert not in_memory or 'is animated (3 frames)' in caplog.text, caplog.text     # decoded: and why
+        caplog.clear()
