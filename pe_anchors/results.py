@@ -14,10 +14,11 @@ import pandas as pd
 from .core import read_json, write_atomic
 
 # %% auto #0
-__all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC', 'DATASET_CLASSES', 'FS_CHANCE_FACTOR',
-           'result_row', 'result_frame', 'write_results', 'read_results', 'ssdc_metric', 'peak_rpi', 'with_peak_rpi',
-           'concat_results', 'one_dataset', 'gather', 'load_results', 'check_runs', 'main_rows', 'alpha_rows',
-           'fragility', 'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
+__all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'REQUIRED_COLUMNS', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC', 'DATASET_CLASSES',
+           'FS_CHANCE_FACTOR', 'result_row', 'result_frame', 'write_results', 'read_results', 'ssdc_metric', 'peak_rpi',
+           'with_peak_rpi', 'concat_results', 'one_dataset', 'gather', 'load_results', 'check_runs', 'main_rows',
+           'alpha_rows', 'fragility', 'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level',
+           'near_chance']
 
 # %% ../nbs/00_results.ipynb #4e4a890d
 RESULT_COLUMNS = ('experiment', 'dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity',
@@ -53,7 +54,7 @@ def write_results(df: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 def read_results(path: str | Path) -> pd.DataFrame:
-    "Read a results CSV with the table's column types; refuse a torn or altered file (sidecar hash, field counts)."
+    "Read a results CSV with the table's column types; refuse a torn or altered file (sidecar hash, field counts), missing columns and repeated rows."
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"no results file at {path}")
     raw = path.read_bytes()
@@ -67,10 +68,28 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if not rows: raise ValueError(f"{path} is empty")
     bad = [i + 1 for i, r in enumerate(rows) if len(r) != len(rows[0])]
     if bad: raise ValueError(f"{path} is torn: line {bad[0]} has {len(rows[bad[0] - 1])} fields, the header {len(rows[0])}")
+    again = [i + 1 for i, r in enumerate(rows[1:], 1) if r == rows[0]]
+    if again: raise ValueError(f"{path}: line {again[0]} repeats the header (two tables pasted together?): keep one copy of each row")
     df = pd.read_csv(io.StringIO(raw.decode()), dtype={c: str for c in ('experiment', 'dataset', 'condition', 'shift', 'severity', 'mode', 'stage', 'metric')})
+    missing = [c for c in REQUIRED_COLUMNS if c not in df]
+    if missing: raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}: a results table has "
+                                 f"{', '.join(REQUIRED_COLUMNS)} (see results.RESULT_COLUMNS); not a pe_anchors results file?")
     for c in ('shift', 'severity', 'experiment', 'dataset'):
         if c in df: df[c] = df[c].fillna('')
-    return _check_types(df, path)
+    return _no_repeats(_check_types(df, path), path)
+
+REQUIRED_COLUMNS = RESULT_COLUMNS[:12]                   # every reader needs these (the intervals may be absent)
+
+def _no_repeats(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    "Refuse two rows that measure the same thing (equal in every column but the numbers): a table pasted twice, a copy."
+    keys = [c for c in df.columns if c not in _FLOAT_COLUMNS or c == 'alpha']
+    key = [tuple(map(str, r)) for r in df[keys].itertuples(index=False)]          # NaN as 'nan', equal to itself
+    dup = pd.Series(key).duplicated(keep='first').to_numpy()
+    if dup.any():
+        j = int(np.flatnonzero(dup)[0]); i = key.index(key[j])
+        raise ValueError(f"{path}: line {j + 2} repeats line {i + 2} ({df['condition'].iloc[j]} seed {df['seed'].iloc[j]} "
+                         f"{df['metric'].iloc[j]}; {int(dup.sum())} repeated row(s)): remove the repeats (each measurement once)")
+    return df
 
 _INT_COLUMNS, _FLOAT_COLUMNS = ('seed', 'layer'), ('alpha', 'value', 'ci_low', 'ci_high', 'sd', 'min', 'max', 'n_perms',
                                                    'n_images', 'perm_seed')

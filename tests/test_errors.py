@@ -252,6 +252,16 @@ def _train_on(**npz):
     "The argv of `train` on CIFAR-10 from a packed npz made by `_npz(**npz)`."
     return lambda t: ['train', '--data', 'cifar10', '--data-path', _npz(t, **npz), '--out', t / 'o', '--epochs', '1', '--quiet']
 
+def _table(change):
+    "The argv of `report` on a synthetic results CSV changed by `change` (a DataFrame -> DataFrame, or -> text)."
+    def argv(t: Path):
+        from pe_anchors.testing import synthetic_results
+        p = t / 'r.csv'
+        out = change(synthetic_results(seeds=(0,)))
+        p.write_text(out if isinstance(out, str) else out.to_csv(index=False))
+        return ['report', p, '--dest', t / 'rep']
+    return argv
+
 ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line holds)
     ('name-not-a-string', _sweep(name=123), 2, ['e.yaml', 'name must be a string', '123']),
     ('untrained-quoted', _sweep(untrained='false'), 2, ['e.yaml', 'untrained', "'false'", 'without quotes']),
@@ -279,6 +289,10 @@ ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line h
     ('npz-label-out-of-range', _train_on(labels=__import__('numpy').array([0, 1, 7, 0])), 2, ['c.npz', 'train_labels hold 7']),
     ('digits-valid-pct-0', _sweep(data_kwargs=dict(valid_pct=0)), 2, ['valid_pct', 'got 0']),
     ('digits-valid-pct-1.5', _sweep(data_kwargs=dict(valid_pct=1.5)), 2, ['valid_pct', 'got 1.5']),
+    ('table-without-mode', _table(lambda d: d.drop(columns=['mode'])), 2, ['r.csv', 'lacks the column(s) mode']),
+    ('table-without-stage', _table(lambda d: d.drop(columns=['stage'])), 2, ['r.csv', 'lacks the column(s) stage']),
+    ('table-with-repeated-rows', _table(lambda d: pd.concat([d, d.iloc[3:5]])), 2, ['r.csv', 'repeats line 5', '2 repeated row(s)']),
+    ('table-pasted-twice', _table(lambda d: d.to_csv(index=False) * 2), 2, ['r.csv', 'repeats the header']),
 ]
 
 @pytest.mark.parametrize('argv, status, words', [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
