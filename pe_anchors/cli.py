@@ -213,7 +213,7 @@ def _condition(asked: str | None, model, cfg: dict, where: Path) -> str:
 def cmd_analyze(a):
     "Measure a trained model (a checkpoint or a run directory) on a dataset; rows go to OUT/analysis.csv."
     from pe_anchors.core import write_atomic
-    from pe_anchors.experiment import EvalData, Experiment, evaluate_model, load_trained
+    from pe_anchors.experiment import EvalData, Experiment, check_data_fits, evaluate_model, load_trained
     from pe_anchors.interventions import peg_padding
     device = check_device(a.device)
     out = _out_dir(a.out)
@@ -227,6 +227,7 @@ def cmd_analyze(a):
     with padded:
         threads = _threads(a)
         ds = _dataset(a.data, a.data_path)
+        check_data_fits(model, ds, cfg)                              # a model of other data or another size: one line
         exp = Experiment(name=a.name or ds.name, conditions=[condition], ssdc_images=a.ssdc_images, n_perms=a.n_perms,
                          alphas=a.alphas, alpha_conditions=[condition] if a.alphas else [])
         ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, device)      # each set built once, for the α rows too

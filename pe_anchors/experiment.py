@@ -33,11 +33,11 @@ from .robustness import SHIFT_KINDS, ShiftedSets, evaluate_accuracy, evaluate_sh
 # %% auto #0
 __all__ = ['SEED_MAX', 'SCHEMA', 'MODEL_SIZES', 'PRESETS', 'OUTPUT_TAP', 'KEPT_MODEL', 'RESTART_FILES', 'ExperimentError',
            'ExperimentTypeError', 'Rule', 'check_value', 'check_kwargs', 'check_fields', 'Experiment', 'preset',
-           'EvalData', 'evaluate_model', 'ram_bytes', 'model_bytes', 'check_memory', 'check_experiment',
-           'experiment_cost', 'cost_line', 'check_run', 'resolve_shard', 'run_dir_of', 'run_one', 'init_model',
-           'run_experiment', 'load_trained', 'load_run_model', 'experiment_of', 'kept_runs', 'experiment_data',
-           'KeptRun', 'load_kept', 'keep_runs', 'reevaluate', 'compare_results', 'signal_ratios', 'export_run',
-           'padding_ablation']
+           'EvalData', 'check_data_fits', 'evaluate_model', 'ram_bytes', 'model_bytes', 'check_memory',
+           'check_experiment', 'experiment_cost', 'cost_line', 'check_run', 'resolve_shard', 'run_dir_of', 'run_one',
+           'init_model', 'run_experiment', 'load_trained', 'load_run_model', 'experiment_of', 'kept_runs',
+           'experiment_data', 'KeptRun', 'load_kept', 'keep_runs', 'reevaluate', 'compare_results', 'signal_ratios',
+           'export_run', 'padding_ablation']
 
 # %% ../nbs/09_experiment.ipynb #5c4e7a11
 class ExperimentError(ValueError):
@@ -300,6 +300,17 @@ def _mark_output(df: pd.DataFrame, depth: int) -> pd.DataFrame:
     tap = np.where(df['metric'].isin(['ssdc', 'ssdc_image']) & (df['layer'] == depth), OUTPUT_TAP, '')
     return df.assign(tap=tap)
 
+def check_data_fits(model: nn.Module, data: ImageData, cfg: dict | None = None):
+    "The model's `Anatomy`, once its input size is that of `data`'s images (else a ValueError naming what it was trained on)."
+    a = anatomy(model)
+    if a.img_size != (data.img_size, data.img_size):
+        was = (cfg or {}).get('data') or {}
+        trained = f" (trained on {was.get('builder', '?')} at {was.get('img_size', '?')} px)" if was else ''
+        raise ValueError(f"the model takes {a.img_size[0]}x{a.img_size[1]} px images{trained} but {data.name} has "
+                         f"{data.img_size} px: measure it on the data (and size) it was trained on"
+                         + (f", e.g. --data {was['builder']}" if was.get('builder') else ''))
+    return a
+
 def evaluate_model(model: nn.Module,
                    ev: EvalData,
                    exp: Experiment,
@@ -316,7 +327,7 @@ def evaluate_model(model: nn.Module,
                          "was trained on (or a dataset with the same classes)")
     meta = dict(experiment=exp.name, dataset=ev.data.name, condition=condition, seed=seed, stage=stage)
     model = unwrap_model(model).eval().to(ev.device)
-    a = anatomy(model)
+    a = check_data_fits(model, ev.data)
     taps = list(range(a.depth)) + [a.output_layer]                         # every block input, and the output tap
     frames = [ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
                                 perm_seed=1000 * seed, measure_kwargs=dict(show_progress=False, layers=taps), **meta)]
@@ -677,7 +688,14 @@ def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module
         cfg = read_json(run / 'train' / 'config.json') if (run / 'train' / 'config.json').exists() else {}
         for hub in (p, p / KEPT_MODEL):
             if _is_hub_folder(hub):
-                model = timm.create_model(f'local-dir:{hub}', pretrained=True)
+                arch = read_json(hub / 'config.json').get('architecture')
+                if not timm.is_model(arch): raise ValueError(f"{hub / 'config.json'} names model {arch!r}, which this timm "
+                                                             f"({timm.__version__}) does not know; import the library that registers it")
+                try: model = timm.create_model(f'local-dir:{hub}', pretrained=True)
+                except Exception as e:                       # e.g. a pickle renamed model.safetensors
+                    raise ValueError(f"{hub / 'model.safetensors'} does not load as this folder's model ({type(e).__name__}: "
+                                     f"{(str(e).splitlines() or [''])[0][:80]}); a .pt/.pth pickle renamed .safetensors is "
+                                     "not a safetensors file") from None
                 return model.to(map_location).eval(), cfg
         ck = next((c for c in (p / 'model.safetensors', p / 'train' / 'model.safetensors') if c.exists()), p / 'model.safetensors')
     else: ck = p

@@ -531,6 +531,9 @@ def build_model(model: str,                        # timm name
                 model_kwargs: dict | None = None,  # extra timm.create_model kwargs (e.g. depth=2)
                ) -> nn.Module:
     "The network: a pe_vit model with PE `pe`, or any other timm model as timm defines it (its position is its own)."
+    if ':' not in model and not timm.is_model(model):            # (hub and local-dir names are timm's to resolve)
+        raise ValueError(f"unknown model {model!r}: not a timm model name (see timm.list_models(); this library's own "
+                         "are pe_vit_*, e.g. pe_vit_nano_patch2_16)")
     mkw, ours = dict(model_kwargs or {}), model_family(model) == 'pe_vit'
     if ours: mkw.update(pe=pe, style=mkw.get('style', style))
     elif pe != 'none' or rpt:                     # any other timm model (a CNN baseline, a timm ViT) is used as built

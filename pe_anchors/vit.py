@@ -610,6 +610,9 @@ def load_checkpoint(path: str | Path, map_location: str = 'cpu',
     name, kwargs = meta.get('model_name'), json.loads(meta.get('model_kwargs') or '{}')
     if not name: name, kwargs = model_name, dict(model_kwargs or {})
     if not name: raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint); pass model_name=")
+    if ':' not in name and not timm.is_model(name):
+        raise ValueError(f"{path} holds a {name!r} model, which this timm ({timm.__version__}) does not know: install the "
+                         "library that registers it (import it first), or a timm version that has it")
     model = timm.create_model(name, **{**kwargs, **overrides})          # the pe_vit_* names are registered in timm too
     try: model.load_state_dict(load_file(str(path), device=map_location))
     except RuntimeError as e: raise ValueError(f"{path} does not match its own model config: {str(e).splitlines()[0]}") from None

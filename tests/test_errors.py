@@ -262,6 +262,40 @@ def _table(change):
         return ['report', p, '--dest', t / 'rep']
     return argv
 
+def _nano(tmp: Path, name: str = 'ape.safetensors', **meta) -> Path:
+    "A digits-sized (16 px) pe_vit checkpoint, its metadata changed by `meta`."
+    import timm
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+    from pe_anchors.vit import save_checkpoint
+    p = save_checkpoint(timm.create_model('pe_vit_nano_patch2_16', pe='ape', num_classes=10), tmp / name)
+    if meta:
+        with safe_open(str(p), 'pt') as f: old = f.metadata()
+        save_file(load_file(str(p)), str(p), metadata={**old, **meta})
+    return p
+
+def _analyze_trained_on_digits(t: Path):
+    "`analyze` on CIFAR-10 (32 px, 10 classes) of a run trained on digits (16 px): its checkpoint and config.json."
+    import numpy as np
+    run = t / 'run'; run.mkdir()
+    ck = _nano(run, 'model.safetensors')
+    (run / 'config.json').write_text(json.dumps(dict(condition='ape', seed=0, data=dict(builder='digits', img_size=16))))
+    npz = _npz(t, train=[_jpeg()] * 10, labels=np.arange(10))
+    with np.load(npz) as d: z = dict(d)
+    z['classes'] = np.array([f'c{i}' for i in range(10)]); np.savez(npz, **z)
+    return ['analyze', run, '--data', 'cifar10', '--data-path', npz, '--out', t / 'a', '--quiet']
+
+def _pickle_hub(t: Path):
+    "`export` of a run whose kept Hub folder holds a pickle (running os.system) renamed model.safetensors."
+    import timm
+    from pe_anchors.vit import save_hub
+    hub = save_hub(timm.create_model('pe_vit_nano_patch2_16', pe='ape', num_classes=10), t / 'run' / 'model')
+    (hub / 'model.safetensors').write_bytes(pickle.dumps(_Planted()))
+    return ['export', t / 'run', t / 'hub']
+
+class _Planted:
+    def __reduce__(self): return (os.system, ('echo planted',))
+
 ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line holds)
     ('name-not-a-string', _sweep(name=123), 2, ['e.yaml', 'name must be a string', '123']),
     ('untrained-quoted', _sweep(untrained='false'), 2, ['e.yaml', 'untrained', "'false'", 'without quotes']),
@@ -293,6 +327,13 @@ ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line h
     ('table-without-stage', _table(lambda d: d.drop(columns=['stage'])), 2, ['r.csv', 'lacks the column(s) stage']),
     ('table-with-repeated-rows', _table(lambda d: pd.concat([d, d.iloc[3:5]])), 2, ['r.csv', 'repeats line 5', '2 repeated row(s)']),
     ('table-pasted-twice', _table(lambda d: d.to_csv(index=False) * 2), 2, ['r.csv', 'repeats the header']),
+    ('analyze-on-other-data', _analyze_trained_on_digits, 2, ['16x16 px', 'trained on digits at 16 px', 'cifar10 has 32 px', '--data digits']),
+    ('train-unknown-model', lambda t: ['train', '--model', 'pe_vit_nonexistent', '--out', t / 'o', '--quiet'], 2,
+     ["unknown model 'pe_vit_nonexistent'", 'timm.list_models()']),
+    ('sweep-unknown-model', _sweep(model='vit_nonexistent_patch4'), 2, ["unknown model 'vit_nonexistent_patch4'"]),
+    ('checkpoint-of-unknown-model', lambda t: ['analyze', _nano(t, model_name='cape_vit_tiny'), '--out', t / 'a', '--quiet'], 2,
+     ['ape.safetensors', "'cape_vit_tiny'", 'does not know']),
+    ('pickle-in-a-hub-folder', _pickle_hub, 2, ['model/model.safetensors', 'not a safetensors file']),
 ]
 
 @pytest.mark.parametrize('argv, status, words', [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
