@@ -450,7 +450,9 @@ def _disk_error(e: BaseException) -> str | None:
     "A one-line message when `e` (or what it wraps) is a full, over-quota or read-only disk; else None."
     for x in (e, e.__cause__, e.__context__):
         if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
-            return f"{x.strerror or os.strerror(x.errno)}: {x.filename or '?'} (free some space or choose another --out)"
+            what = ("the disk is mounted read-only: write somewhere else" if x.errno == errno.EROFS else
+                    "free some space or write somewhere else")
+            return f"{x.strerror or os.strerror(x.errno)}: {x.filename or '?'} ({what}, e.g. another --out)"
     return None
 
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())   # python -m pe_anchors.cli (not in a notebook)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_vit.ipynb #8e8d792b
 from __future__ import annotations
-import json, os, shutil, tempfile
+import errno, json, os, shutil, tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -22,10 +22,10 @@ from .anatomy import anatomy, model_family, register_family
 
 # %% auto #0
 __all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'HUB_SOURCES', 'TAP_POINTS', 'PERM_MODES',
-           'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit',
-           'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16',
-           'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'Recorded', 'TokenRecorder', 'apply_token_perm',
-           'TokenPermutation', 'save_checkpoint', 'load_checkpoint', 'save_hub']
+           'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'DISK_ERRORS', 'ConvQKV', 'Attention', 'Block', 'PEViT',
+           'create_pe_vit', 'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32',
+           'pe_vit_nano_patch2_16', 'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'Recorded', 'TokenRecorder',
+           'apply_token_perm', 'TokenPermutation', 'save_checkpoint', 'load_checkpoint', 'save_hub']
 
 # %% ../nbs/02_vit.ipynb #91a9cf90
 QKV_PROJECTIONS = ('linear', 'conv')
@@ -667,6 +667,8 @@ def _model_card(name: str, model: nn.Module, rec: dict, card: dict) -> str:
             '```', '']
     return '\n'.join(head + body)
 
+DISK_ERRORS = {errno.ENOSPC: 'No space left on device', errno.EDQUOT: 'Disk quota exceeded', errno.EROFS: 'Read-only file system'}
+
 def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.create_model, load_checkpoint) or any timm model
              out_dir: str | Path,         # the folder to create: config.json, model.safetensors, README.md
              card: dict | None = None,    # model-card rows (condition, data, recipe, accuracy, ssdc, ...), title, license
@@ -683,7 +685,11 @@ def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.c
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f'.{out.name}.', suffix='.tmp'))
     try:
-        save_for_hf(model, tmp, model_config={'pe_anchors': rec}, model_args=kwargs, safe_serialization=True)
+        try: save_for_hf(model, tmp, model_config={'pe_anchors': rec}, model_args=kwargs, safe_serialization=True)
+        except Exception as e:                                     # safetensors wraps a full disk in its own error
+            code = next((c for c, words in DISK_ERRORS.items() if words in str(e) or f'os error {c})' in str(e)), None)
+            if code is None or isinstance(e, OSError) and e.filename: raise
+            raise OSError(code, DISK_ERRORS[code], str(out / 'model.safetensors')) from e
         (tmp / 'README.md').write_text(_model_card(name, model, rec, card), encoding='utf-8')
         os.chmod(tmp, 0o777 & ~current_umask())
         os.replace(tmp, out)                                       # complete or absent, never half written

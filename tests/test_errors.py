@@ -397,3 +397,44 @@ def test_an_animated_gif_in_an_image_folder_is_skipped_and_named(tmp_path, caplo
         assert len(d.train) == 4 and 'anim.gif' in caplog.text, caplog.text     # the four still images, the GIF named
         assert not in_memory or 'is animated (3 frames)' in caplog.text, caplog.text     # decoded: and why
         caplog.clear()
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    "A run directory as `pe_anchors train` leaves it (a checkpoint and config), without training."
+    run = tmp_path / 'run'; run.mkdir()
+    _nano(run, 'model.safetensors')
+    (run / 'config.json').write_text(json.dumps(dict(condition='ape', seed=0, data=dict(builder='digits', img_size=16))))
+    return run
+
+
+def test_export_to_a_full_disk_leaves_no_folder(finished_run, tmp_path, capsys, monkeypatch):
+    import safetensors.torch
+    def full(*a, **k):
+        raise safetensors.SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+    monkeypatch.setattr(safetensors.torch, 'save_file', full)
+    rc, err = cli(capsys, 'export', finished_run, tmp_path / 'hub')
+    assert rc == 2 and 'No space left on device' in err and str(tmp_path / 'hub') in err and 'free some space' in err, err
+    assert not (tmp_path / 'hub').exists() and not list(tmp_path.glob('.hub.*'))      # no folder, complete or not
+
+
+def test_export_to_a_read_only_place(finished_run, tmp_path, capsys, monkeypatch):
+    import tempfile
+    def ro(*a, dir=None, **k): raise OSError(errno.EROFS, 'Read-only file system', str(dir))
+    monkeypatch.setattr(tempfile, 'mkdtemp', ro)
+    rc, err = cli(capsys, 'export', finished_run, tmp_path / 'hub')
+    assert rc == 2 and 'Read-only file system' in err and str(tmp_path) in err and 'mounted read-only' in err, err
+    assert 'free some space' not in err and not (tmp_path / 'hub').exists(), err
+
+
+def test_a_hub_folder_is_complete_or_absent(finished_run, tmp_path, monkeypatch):
+    from pe_anchors import vit
+    from pe_anchors.experiment import export_run
+    real = vit._model_card
+    def torn(*a, **k): raise OSError(errno.ENOSPC, 'No space left on device')   # after the weights, before the card
+    monkeypatch.setattr(vit, '_model_card', torn)
+    with pytest.raises(OSError, match='No space left'): export_run(finished_run, tmp_path / 'hub')
+    assert not (tmp_path / 'hub').exists() and not list(tmp_path.glob('.hub.*'))
+    monkeypatch.setattr(vit, '_model_card', real)
+    out = export_run(finished_run, tmp_path / 'hub')
+    assert sorted(p.name for p in out.iterdir()) == ['README.md', 'config.json', 'model.safetensors']
