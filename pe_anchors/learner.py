@@ -35,12 +35,12 @@ from .data import ImageData, get_data
 from .callback.permute import RPT
 
 # %% auto #0
-__all__ = ['RECIPES', 'PARAM_KINDS', 'DEFAULT_MODELS', 'CALLBACKS', 'Recipe', 'get_recipe', 'SoftTargetCE', 'wd_param_groups',
-           'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff', 'checkpoints', 'last_checkpoint',
-           'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'make_callbacks', 'DivergenceWarning', 'AutoThreads',
-           'EpochLines', 'learner_device', 'default_model', 'build_model', 'set_data_config', 'make_dls',
-           'make_optimizer', 'fit_callbacks', 'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe',
-           'train']
+__all__ = ['RECIPES', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'Recipe', 'get_recipe', 'SoftTargetCE',
+           'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff', 'checkpoints',
+           'last_checkpoint', 'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'make_callbacks',
+           'DivergenceWarning', 'AutoThreads', 'EpochLines', 'learner_device', 'default_model', 'build_model',
+           'set_data_config', 'make_dls', 'make_optimizer', 'fit_callbacks', 'run_config', 'set_logging', 'open_run',
+           'pe_learner', 'fit_recipe', 'train']
 
 # %% ../nbs/05_learner.ipynb #fa871433
 @dataclass
@@ -406,16 +406,33 @@ def write_final(self: RunRecorder) -> dict:
     return final
 
 # %% ../nbs/05_learner.ipynb #b540144b
+DIST_TIMEOUT_ENV = 'PE_ANCHORS_DIST_TIMEOUT'    # seconds the ranks wait for each other to join (default 60)
+
 def init_distributed() -> tuple[int, int, int]:
-    "Join the process group described by the environment (torchrun / accelerate launch); returns (rank, world, local_rank)."
+    """Join the process group described by the environment (torchrun / accelerate launch); returns (rank, world, local_rank).
+    Ranks that do not all join within `$PE_ANCHORS_DIST_TIMEOUT` seconds (60) fail in one line instead of waiting forever."""
     import torch.distributed as dist
+    from datetime import timedelta
     world = int(os.environ.get('WORLD_SIZE', 1))
     if world <= 1: return 0, 1, 0
     local = int(os.environ.get('LOCAL_RANK', 0))
     if not dist.is_initialized():
+        launch = (f"start one process per rank with a launcher (torchrun --nproc_per_node {world} -m pe_anchors.cli "
+                  "train ...), or unset WORLD_SIZE to train in one process")
+        missing = [k for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK') if not os.environ.get(k)]
+        if missing: raise ValueError(f"WORLD_SIZE={world} is set but not {', '.join(missing)}: {launch}")
+        try: wait = float(os.environ.get(DIST_TIMEOUT_ENV) or 60)
+        except ValueError: raise ValueError(f"{DIST_TIMEOUT_ENV} must be a number of seconds, got {os.environ[DIST_TIMEOUT_ENV]!r}") from None
         cuda = torch.cuda.is_available()
         if cuda: torch.cuda.set_device(local)
-        dist.init_process_group('nccl' if cuda else 'gloo')
+        try: dist.init_process_group('nccl' if cuda else 'gloo', timeout=timedelta(seconds=wait))
+        except dist.DistStoreError:
+            raise ValueError(f"rank {os.environ['RANK']} of WORLD_SIZE={world}: the other ranks did not join within {wait:g} s "
+                             f"({DIST_TIMEOUT_ENV} sets the wait): {launch}") from None
+        except dist.DistNetworkError as e:
+            raise ValueError(f"cannot reach or open MASTER_ADDR:MASTER_PORT = {os.environ['MASTER_ADDR']}:"
+                             f"{os.environ['MASTER_PORT']} ({(str(e).splitlines() or [''])[0][:80]}): {launch}") from None
+        dist.set_timeout(timedelta(minutes=10 if cuda else 30))    # collectives: torch's own defaults again
     return dist.get_rank(), dist.get_world_size(), local
 
 class DDP(Callback):

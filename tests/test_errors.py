@@ -438,3 +438,21 @@ def test_a_hub_folder_is_complete_or_absent(finished_run, tmp_path, monkeypatch)
     monkeypatch.setattr(vit, '_model_card', real)
     out = export_run(finished_run, tmp_path / 'hub')
     assert sorted(p.name for p in out.iterdir()) == ['README.md', 'config.json', 'model.safetensors']
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+@pytest.mark.parametrize('env, words', [
+    (dict(MASTER_ADDR='127.0.0.1', PE_ANCHORS_DIST_TIMEOUT='3'), ['did not join within 3 s', 'torchrun', 'PE_ANCHORS_DIST_TIMEOUT']),
+    (dict(), ['MASTER_ADDR', 'torchrun', 'unset WORLD_SIZE'])], ids=['waits-for-rank-1', 'no-launcher'])
+def test_a_second_rank_that_never_comes_times_out(tmp_path, env, words):
+    e = {**os.environ, 'WORLD_SIZE': '2', 'RANK': '0', 'LOCAL_RANK': '0', 'PE_ANCHORS_QUIET': '1', **env}
+    if 'MASTER_ADDR' in env: e['MASTER_PORT'] = str(_free_port())
+    else: e.pop('MASTER_ADDR', None); e.pop('MASTER_PORT', None)
+    r = subprocess.run([sys.executable, '-m', 'pe_anchors.cli', 'train', '--out', str(tmp_path / 'run'), '--epochs', '1',
+                        '--device', 'cpu', '--quiet'], capture_output=True, text=True, env=e, timeout=90)
+    lines = [l for l in r.stderr.splitlines() if l.strip() and 'Warning' not in l and 'warnings.warn' not in l]
+    assert r.returncode == 2 and len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert all(w in lines[0] for w in words), lines
