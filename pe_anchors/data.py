@@ -563,7 +563,8 @@ def _npz_split(d: dict, split: str, source: Path | str = 'npz', n_classes: int |
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"{where}_labels must be one integer class index per image (1-D), got {labels.dtype} {labels.shape}")
     out = labels[(labels < 0) | (labels >= n_classes)] if n_classes is not None else labels[:0]
-    if len(out): raise ValueError(f"{where}_labels hold {out[0]}, not a class index 0..{n_classes - 1} ({n_classes} classes)")
+    if len(out): raise ValueError(f"{where} labels ({split}_labels) hold {out[0]}, outside 0..{n_classes - 1} ({n_classes} "
+                                  "classes): every label must name a class")
     if len(labels) != len(off) - 1: raise ValueError(f"{where}_offsets bound {len(off) - 1} images but {split}_labels has {len(labels)}")
     if off[0] != 0 or off[-1] != len(jpeg) or (np.diff(off) < 0).any():
         raise ValueError(f"{where}_offsets must rise from 0 to {len(jpeg)} (the bytes of {split}_jpeg), got {off[0]}..{off[-1]}")

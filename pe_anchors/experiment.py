@@ -20,7 +20,7 @@ from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLo
                              unwrap_model, show_progress, write_atomic)
 from .anatomy import anatomy, model_family
 from .paper import PAPER_ALPHAS
-from .results import (fragility, gather, main_rows, peak_rpi, read_results, result_row, ssdc_metric,
+from .results import (check_runs, fragility, gather, main_rows, peak_rpi, read_results, result_row, ssdc_metric,
                                 write_results)
 from .data import DATASETS, ImageData, cifar10, data_bytes, get_data, image_folder, stratified_sample
 from .vit import load_checkpoint, save_hub
@@ -890,7 +890,10 @@ def _finished_runs(out_dir: str | Path, data_path=None, device=None, conditions:
     "An experiment's `Experiment`, data, `EvalData` and finished runs as (condition, seed, results), for analyses that reload its models."
     out_dir = Path(out_dir)
     exp = experiment_of(out_dir)
-    runs = [(r['condition'], r['seed'], read_results(f)) for f in sorted((out_dir / 'runs').glob('*/results.csv'))
+    files = sorted((out_dir / 'runs').glob('*/results.csv'))
+    frames = {str(f.relative_to(out_dir)): read_results(f) for f in files}
+    check_runs(out_dir, frames)                       # runs of this experiment, trained and measured as it says
+    runs = [(r['condition'], r['seed'], frames[str(f.relative_to(out_dir))]) for f in files
             for r in [read_json(f.parent / 'run.json')] if conditions is None or r['condition'] in conditions]
     if not runs: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'}"
                                          + (f" of {', '.join(conditions)}" if conditions is not None else ''))

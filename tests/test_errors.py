@@ -320,7 +320,7 @@ ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line h
     ('npz-bad-crc', _train_on(damage='crc'), 2, ['c.npz', 'train_jpeg does not read back', 'CRC']),
     ('npz-mixed-sizes', _train_on(train=[_jpeg(), _jpeg(), _jpeg(16), _jpeg()]), 2, ['c.npz', '2 sizes', 'image 2 (16, 16)']),
     ('npz-2d-labels', _train_on(labels=__import__('numpy').zeros((4, 2), int)), 2, ['c.npz', 'train_labels', '(4, 2)', '1-D']),
-    ('npz-label-out-of-range', _train_on(labels=__import__('numpy').array([0, 1, 7, 0])), 2, ['c.npz', 'train_labels hold 7']),
+    ('npz-label-out-of-range', _train_on(labels=__import__('numpy').array([0, 1, 7, 0])), 2, ['c.npz', 'train labels (train_labels) hold 7, outside 0..1']),
     ('digits-valid-pct-0', _sweep(data_kwargs=dict(valid_pct=0)), 2, ['valid_pct', 'got 0']),
     ('digits-valid-pct-1.5', _sweep(data_kwargs=dict(valid_pct=1.5)), 2, ['valid_pct', 'got 1.5']),
     ('table-without-mode', _table(lambda d: d.drop(columns=['mode'])), 2, ['r.csv', 'lacks the column(s) mode']),
@@ -456,3 +456,29 @@ def test_a_second_rank_that_never_comes_times_out(tmp_path, env, words):
     lines = [l for l in r.stderr.splitlines() if l.strip() and 'Warning' not in l and 'warnings.warn' not in l]
     assert r.returncode == 2 and len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
     assert all(w in lines[0] for w in words), lines
+
+
+def _measured_with(d: Path, exp, cond: str, seed: int, n_images: int, n_perms: int):
+    "Rewrite run (cond, seed)'s results as if measured over `n_images` SSDC images and `n_perms` RPI draws."
+    rows = [dict(metric='acc', shift='clean', value=.5, n_images=360),
+            dict(metric='ssdc', mode='normal', layer=0, value=.3, n_perms=0, n_images=n_images),
+            dict(metric='ssdc', mode='rpi', layer=0, value=.1, n_perms=n_perms, n_images=n_images)]
+    write_results(result_frame(rows, experiment=exp.name, dataset='digits', condition=cond, seed=seed),
+                  d / 'runs' / f'{cond}-s{seed}' / 'results.csv')
+
+def test_a_run_measured_with_other_settings_is_refused(tmp_path, capsys):
+    from pe_anchors.experiment import padding_ablation, signal_ratios
+    from pe_anchors.results import check_runs
+    exp = tiny()                                                       # 32 SSDC images, 1 permutation draw
+    (tmp_path / 'experiment.json').write_text(json.dumps(exp.to_dict()))
+    for c, s in exp.runs(): fake_run(tmp_path, exp, c, s)
+    for c, s in exp.runs(): _measured_with(tmp_path, exp, c, s, 32, 1)
+    gather(tmp_path)                                                   # the experiment's own settings: read
+    _measured_with(tmp_path, exp, 'nope', 0, 64, 2)                    # copied in: same training, other measurement
+    for call in (lambda: gather(tmp_path), lambda: check_runs(tmp_path), lambda: signal_ratios(tmp_path),
+                 lambda: padding_ablation(tmp_path)):
+        with pytest.raises(ValueError, match=r'runs/nope-s0 was measured with other settings.*n_perms 2.*n_perms: 1'): call()
+    (tmp_path / 'cfg').mkdir()
+    for argv in (('report', tmp_path), ('sweep', _exp_file(tmp_path / 'cfg'), '--out', tmp_path, '--quiet')):
+        rc, err = cli(capsys, *argv)
+        assert rc == 2 and 'runs/nope-s0 was measured with other settings' in err and 'n_images 64' in err, err
