@@ -414,9 +414,12 @@ def parser(command: str | None = None, # build only this command's options ('' n
                                 '(Mannes 2026): train, measure (SSDC, RPI, fragility, α), report.')
     p.add_argument('--version', action='version', version=f'pe_anchors {_version()}')
     p.add_argument('--debug', action='store_true', help='show tracebacks for every error')
+    net = "allow downloads (pretrained or hf-hub: models, download=True data); without it nothing reaches the network"
+    p.add_argument('--allow-network', action='store_true', help=net)
     sub = p.add_subparsers(dest='command', metavar='COMMAND', required=True)
     for name, (help, opts, func) in COMMANDS.items():
         s = sub.add_parser(name, help=help, description=func.__doc__)
+        s.add_argument('--allow-network', action='store_true', default=argparse.SUPPRESS, help=net)   # also after the command
         if command is None or command == name: opts(s)
         s.set_defaults(func=func)
     return p
@@ -428,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings('ignore', message='.*torch.jit.script.* is deprecated')   # raised by timm's import, not ours
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parser(next((x for x in argv if not x.startswith('-')), '')).parse_args(argv)   # the command's options only
+    from pe_anchors.core import NETWORK_ENV
+    before = os.environ.get(NETWORK_ENV)
+    if a.allow_network: os.environ[NETWORK_ENV] = '1'                   # the user's opt-in, for this command only
     try:
         a.func(a)
         return 0
@@ -439,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = disk or _reason(e)
         print(f"pe_anchors {a.command}: error: {msg}", file=sys.stderr)
         return 2
+    finally:
+        if a.allow_network and before is None: del os.environ[NETWORK_ENV]
+        elif a.allow_network: os.environ[NETWORK_ENV] = before
 
 def _reason(e: Exception) -> str:
     "The first line of an error's message, without fastai's 'Exception occured in `X` when calling event `Y`:' wrapper."

@@ -15,7 +15,7 @@ import timm
 import torch
 from torch import nn
 
-from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, auto_threads, default_device, check_choice,
+from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused, RunLock, auto_threads, default_device, check_choice, check_offline, hub_name,
                              code_version, condition_model_kwargs, condition_spec, hardware_info, pbar, read_json, remove_leftovers, set_threads,
                              unwrap_model, show_progress, write_atomic)
 from .anatomy import anatomy, model_family
@@ -171,6 +171,10 @@ class Experiment:
     def validate(self):
         "Check every field (types and ranges: `check_fields`; names: conditions, RPI mode, callbacks), with errors that say what to fix."
         check_fields({f.name: getattr(self, f.name) for f in fields(self)})
+        if hub_name(self.model): check_offline(f"the model {self.model} (its config and weights, from the Hugging Face Hub)", 'model')
+        if self.model_kwargs.get('pretrained'):
+            check_offline(f"the pretrained weights of {self.model or 'the default model'}", 'model_kwargs.pretrained')
+        if self.data_kwargs.get('download'): check_offline(f"the {self.data} dataset", 'data_kwargs.download')
         for c in list(self.conditions) + list(self.alpha_conditions): check_choice('condition', c, CONDITIONS)
         check_choice('RPI mode', self.rpi_mode, [m for m in SSDC_MODES if m != 'normal'])
         for c in self.callbacks:                                 # a file from someone else never names code to import
@@ -219,7 +223,7 @@ class Experiment:
         if bad: raise ExperimentError(f"{path}: unknown field(s) {sorted(bad)}; valid: {', '.join(f.name for f in fields(cls))}")
         try: return cls(**{**d, **overrides})
         except ValueError as e:                                    # the file, then the field, its value and what to do
-            raise (type(e) if isinstance(e, ExperimentError) else ExperimentError)(f"{path}: {e}") from None
+            raise (type(e) if isinstance(e, (ExperimentError, NetworkRefused)) else ExperimentError)(f"{path}: {e}") from None
 
 # %% ../nbs/09_experiment.ipynb #08823676
 PRESETS = {
@@ -689,6 +693,7 @@ def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module
         for hub in (p, p / KEPT_MODEL):
             if _is_hub_folder(hub):
                 arch = read_json(hub / 'config.json').get('architecture')
+                if hub_name(arch): check_offline(f"the model {arch} (from the Hugging Face Hub)", str(hub / 'config.json'))
                 if not timm.is_model(arch): raise ValueError(f"{hub / 'config.json'} names model {arch!r}, which this timm "
                                                              f"({timm.__version__}) does not know; import the library that registers it")
                 try: model = timm.create_model(f'local-dir:{hub}', pretrained=True)

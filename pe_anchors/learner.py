@@ -26,7 +26,7 @@ from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop, patch
 
-from .core import (RunLock, auto_threads, busy_cores, check_choice, condition_model_kwargs, condition_spec, cpu_snapshot, current_umask, dist_info,
+from .core import (RunLock, auto_threads, busy_cores, check_choice, check_offline, hub_name, condition_model_kwargs, condition_spec, cpu_snapshot, current_umask, dist_info,
                              hardware_info, read_json, remove_leftovers, set_threads, sync, unwrap_model, write_atomic,
                              show_progress as _show_progress)
 from .anatomy import anatomy, model_family, position_parameters
@@ -548,6 +548,8 @@ def build_model(model: str,                        # timm name
                 model_kwargs: dict | None = None,  # extra timm.create_model kwargs (e.g. depth=2)
                ) -> nn.Module:
     "The network: a pe_vit model with PE `pe`, or any other timm model as timm defines it (its position is its own)."
+    if hub_name(model): check_offline(f"the model {model} (its config and weights, from the Hugging Face Hub)")
+    if (model_kwargs or {}).get('pretrained'): check_offline(f"the pretrained weights of {model} (model_kwargs pretrained=True)")
     if ':' not in model and not timm.is_model(model):            # (hub and local-dir names are timm's to resolve)
         raise ValueError(f"unknown model {model!r}: not a timm model name (see timm.list_models(); this library's own "
                          "are pe_vit_*, e.g. pe_vit_nano_patch2_16)")

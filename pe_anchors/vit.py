@@ -16,7 +16,7 @@ from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
 from fastcore.basics import patch
 
-from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, current_umask, grid_hw, image_perms
+from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, check_offline, current_umask, grid_hw, hub_name, image_perms
 from .pos_embed import apply_rope, create_pos_embed, PE_NAMES
 from .anatomy import anatomy, model_family, register_family
 
@@ -610,6 +610,9 @@ def load_checkpoint(path: str | Path, map_location: str = 'cpu',
     name, kwargs = meta.get('model_name'), json.loads(meta.get('model_kwargs') or '{}')
     if not name: name, kwargs = model_name, dict(model_kwargs or {})
     if not name: raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint); pass model_name=")
+    if hub_name(name): check_offline(f"the model {name} its metadata names (config and weights, from the Hugging Face Hub)", str(path))
+    if {**kwargs, **overrides}.get('pretrained'):
+        check_offline(f"the pretrained weights of {name} (pretrained=True in its metadata)", str(path))
     if ':' not in name and not timm.is_model(name):
         raise ValueError(f"{path} holds a {name!r} model, which this timm ({timm.__version__}) does not know: install the "
                          "library that registers it (import it first), or a timm version that has it")

@@ -334,12 +334,33 @@ ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line h
     ('checkpoint-of-unknown-model', lambda t: ['analyze', _nano(t, model_name='cape_vit_tiny'), '--out', t / 'a', '--quiet'], 2,
      ['ape.safetensors', "'cape_vit_tiny'", 'does not know']),
     ('pickle-in-a-hub-folder', _pickle_hub, 2, ['model/model.safetensors', 'not a safetensors file']),
+    ('pretrained-timm-model', _sweep(model='vit_tiny_patch16_224', model_kwargs=dict(pretrained=True)), 2,
+     ['e.yaml', 'model_kwargs.pretrained', 'vit_tiny_patch16_224', 'would be downloaded', '--allow-network']),
+    ('hf-hub-model-in-a-file', _sweep(model='hf-hub:timm/vit_tiny_patch16_224.augreg_in21k'), 2,
+     ['e.yaml', 'hf-hub:timm/vit_tiny_patch16_224.augreg_in21k', 'Hugging Face Hub', '--allow-network']),
+    ('hf-hub-model-in-a-checkpoint', lambda t: ['analyze', _nano(t, model_name='hf-hub:timm/vit_tiny_patch16_224'),
+                                                '--out', t / 'a', '--quiet'], 2,
+     ['ape.safetensors', 'hf-hub:timm/vit_tiny_patch16_224', '--allow-network']),
+    ('train-an-hf-hub-model', lambda t: ['train', '--model', 'hf-hub:timm/vit_tiny_patch16_224', '--condition', 'nope',
+                                         '--out', t / 'o', '--quiet'], 2, ['hf-hub:timm/vit_tiny_patch16_224', '--allow-network']),
+    ('download-in-a-file', _sweep(data='cifar10', data_kwargs=dict(download=True)), 2,
+     ['e.yaml', 'data_kwargs.download', 'cifar10 dataset', '--allow-network']),
 ]
 
+@pytest.fixture
+def lookups(monkeypatch) -> list:
+    "Every DNS lookup or connection attempted (each refused): none is expected."
+    import socket
+    seen = []
+    def refuse(*a, **k): seen.append(a[:2]); raise OSError('no network in this test')
+    for name in ('getaddrinfo', 'create_connection'): monkeypatch.setattr(socket, name, refuse)
+    return seen
+
 @pytest.mark.parametrize('argv, status, words', [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_one_line_errors(tmp_path, capsys, argv, status, words):
+def test_one_line_errors(tmp_path, capsys, lookups, argv, status, words):
     rc, err = cli(capsys, *argv(tmp_path))                     # `cli` fails on a second line or a Traceback
     assert rc == status and all(w in err for w in words), err
+    assert not lookups, lookups                                         # offline: not even a DNS lookup
     assert not (tmp_path / 'o' / 'experiment.json').exists()                # refused before anything is written
 
 
@@ -482,3 +503,16 @@ def test_a_run_measured_with_other_settings_is_refused(tmp_path, capsys):
     for argv in (('report', tmp_path), ('sweep', _exp_file(tmp_path / 'cfg'), '--out', tmp_path, '--quiet')):
         rc, err = cli(capsys, *argv)
         assert rc == 2 and 'runs/nope-s0 was measured with other settings' in err and 'n_images 64' in err, err
+
+
+def test_the_network_is_used_only_when_asked(tmp_path, capsys, monkeypatch, lookups):
+    from pe_anchors.core import NETWORK_ENV, NetworkRefused
+    monkeypatch.delenv(NETWORK_ENV, raising=False)
+    with pytest.raises(NetworkRefused, match='vit_tiny_patch16_224'): tiny(model='vit_tiny_patch16_224', model_kwargs=dict(pretrained=True))
+    monkeypatch.setenv(NETWORK_ENV, '1')                               # the user's opt-in
+    assert tiny(model='hf-hub:timm/vit_tiny_patch16_224').model.startswith('hf-hub:')
+    monkeypatch.delenv(NETWORK_ENV)
+    rc, err = cli(capsys, '--allow-network', 'train', '--model', 'hf-hub:timm/x', '--condition', 'nope', '--out', tmp_path / 'o',
+                  '--quiet')                                            # allowed: it tries (and fails here: no network)
+    assert lookups and NETWORK_ENV not in os.environ                   # asked for this command only
+    assert 'would be downloaded' not in err
