@@ -61,12 +61,12 @@ NETWORK_ENV = 'PE_ANCHORS_ALLOW_NETWORK'      # '1': the user allows downloads (
 class NetworkRefused(ValueError):
     "A download the user did not ask for (see `check_offline`)."
 
-def check_offline(what: str,              # what would be downloaded, and from where
+def check_offline(what: str,              # what would reach the network: "the weights of X would be downloaded"
                   where: str = ''):       # the file or field that asks for it
     "Refuse a download unless the user allowed the network (`$PE_ANCHORS_ALLOW_NETWORK=1`, `--allow-network`)."
     if os.environ.get(NETWORK_ENV) == '1': return
-    raise NetworkRefused(f"{where + ': ' if where else ''}{what} would be downloaded, and this library stays offline unless "
-                         f"asked: pass --allow-network (or set {NETWORK_ENV}=1) to allow it")
+    raise NetworkRefused(f"{where + ': ' if where else ''}{what}, and this library stays offline unless asked: pass "
+                         f"--allow-network (or set {NETWORK_ENV}=1) to allow it")
 
 def hub_name(name) -> bool:
     "Whether a timm model name is fetched from the Hugging Face Hub (`hf-hub:` / `hf_hub:`)."

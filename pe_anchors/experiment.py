@@ -171,10 +171,11 @@ class Experiment:
     def validate(self):
         "Check every field (types and ranges: `check_fields`; names: conditions, RPI mode, callbacks), with errors that say what to fix."
         check_fields({f.name: getattr(self, f.name) for f in fields(self)})
-        if hub_name(self.model): check_offline(f"the model {self.model} (its config and weights, from the Hugging Face Hub)", 'model')
+        if hub_name(self.model):
+            check_offline(f"the model {self.model} (its config and weights, from the Hugging Face Hub) would be downloaded", 'model')
         if self.model_kwargs.get('pretrained'):
-            check_offline(f"the pretrained weights of {self.model or 'the default model'}", 'model_kwargs.pretrained')
-        if self.data_kwargs.get('download'): check_offline(f"the {self.data} dataset", 'data_kwargs.download')
+            check_offline(f"the pretrained weights of {self.model or 'the default model'} would be downloaded", 'model_kwargs.pretrained')
+        if self.data_kwargs.get('download'): check_offline(f"the {self.data} dataset would be downloaded", 'data_kwargs.download')
         for c in list(self.conditions) + list(self.alpha_conditions): check_choice('condition', c, CONDITIONS)
         check_choice('RPI mode', self.rpi_mode, [m for m in SSDC_MODES if m != 'normal'])
         for c in self.callbacks:                                 # a file from someone else never names code to import
@@ -693,7 +694,8 @@ def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module
         for hub in (p, p / KEPT_MODEL):
             if _is_hub_folder(hub):
                 arch = read_json(hub / 'config.json').get('architecture')
-                if hub_name(arch): check_offline(f"the model {arch} (from the Hugging Face Hub)", str(hub / 'config.json'))
+                if hub_name(arch):
+                    check_offline(f"the model {arch} (from the Hugging Face Hub) would be downloaded", str(hub / 'config.json'))
                 if not timm.is_model(arch): raise ValueError(f"{hub / 'config.json'} names model {arch!r}, which this timm "
                                                              f"({timm.__version__}) does not know; import the library that registers it")
                 try: model = timm.create_model(f'local-dir:{hub}', pretrained=True)

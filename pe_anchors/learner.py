@@ -35,12 +35,12 @@ from .data import ImageData, get_data
 from .callback.permute import RPT
 
 # %% auto #0
-__all__ = ['RECIPES', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'Recipe', 'get_recipe', 'SoftTargetCE',
-           'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff', 'checkpoints',
-           'last_checkpoint', 'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'make_callbacks',
-           'DivergenceWarning', 'AutoThreads', 'EpochLines', 'learner_device', 'default_model', 'build_model',
-           'set_data_config', 'make_dls', 'make_optimizer', 'fit_callbacks', 'run_config', 'set_logging', 'open_run',
-           'pe_learner', 'fit_recipe', 'train']
+__all__ = ['RECIPES', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'WANDB_LOCAL', 'Recipe', 'get_recipe',
+           'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff',
+           'checkpoints', 'last_checkpoint', 'RunRecorder', 'init_distributed', 'DDP', 'Progress',
+           'tensorboard_callback', 'wandb_callback', 'make_callbacks', 'DivergenceWarning', 'AutoThreads', 'EpochLines',
+           'learner_device', 'default_model', 'build_model', 'set_data_config', 'make_dls', 'make_optimizer',
+           'fit_callbacks', 'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe', 'train']
 
 # %% ../nbs/05_learner.ipynb #fa871433
 @dataclass
@@ -459,9 +459,66 @@ class Progress(ProgressCallback):
         self.pbar.update(self.iter + 1)
         if self.iter % self.every == 0 and hasattr(self, 'smooth_loss'): self.pbar.comment = f'{self.smooth_loss.item():.4f}'
 
-CALLBACKS = {'csv': 'fastai.callback.progress:CSVLogger', 'tensorboard': 'fastai.callback.tensorboard:TensorBoardCallback',
-             'wandb': 'fastai.callback.wandb:WandbCallback', 'save_model': 'fastai.callback.tracker:SaveModelCallback',
+CALLBACKS = {'csv': 'fastai.callback.progress:CSVLogger', 'tensorboard': 'pe_anchors.learner:tensorboard_callback',
+             'wandb': 'pe_anchors.learner:wandb_callback', 'save_model': 'fastai.callback.tracker:SaveModelCallback',
              'early_stopping': 'fastai.callback.tracker:EarlyStoppingCallback'}
+WANDB_LOCAL = ('offline', 'disabled', 'dryrun')   # WANDB_MODE values that keep a run's metrics on this machine
+
+def _numbers(hypers: list[dict]) -> dict:
+    "The optimiser's numeric hyper-parameters by `name_group` (torch's AdamW also holds None and flags)."
+    return {f'{k}_{i}': v for i, h in enumerate(hypers) for k, v in h.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+def _log_dir(learn, sub: str) -> str | None:
+    "`sub/` inside the learner's run directory (None without one: the tracker's own default)."
+    run = getattr(learn, 'pe_run', None)
+    return str(run.run_dir / sub) if run is not None else None
+
+def tensorboard_callback() -> Callback:
+    """fastai's `TensorBoardCallback` into the run directory's `tensorboard/`: losses, metrics and the numeric optimiser
+    hyper-parameters per step (no graph trace, no prediction images). Needs `pip install tensorboard` (the `tracking` extra)."""
+    from fastai.callback.tensorboard import TensorBoardCallback
+    class TensorBoard(TensorBoardCallback):
+        def __init__(self): super().__init__(trace_model=False, log_preds=False)
+        def before_fit(self):
+            if self.log_dir is None: self.log_dir = _log_dir(self.learn, 'tensorboard')
+            super().before_fit()
+        def after_batch(self):
+            if not self.training: return
+            self.writer.add_scalar('train_loss', self.smooth_loss, self.train_iter)
+            for k, v in _numbers(self.opt.hypers).items(): self.writer.add_scalar(k, v, self.train_iter)
+        def after_fit(self):
+            if getattr(self, 'writer', None) is not None: self.writer.flush()
+            super().after_fit()
+    return TensorBoard()
+
+def wandb_callback() -> Callback:
+    """fastai's `WandbCallback`, starting the wandb run itself (project `$WANDB_PROJECT` or pe_anchors, files in the run
+    directory, the run's config) and finishing it after the fit; numeric hyper-parameters only, no prediction tables.
+    Online it sends the metrics to Weights & Biases: refused unless the network is allowed or `WANDB_MODE=offline`.
+    Needs `pip install wandb` (the `tracking` extra)."""
+    if os.environ.get('WANDB_MODE', '').lower() not in WANDB_LOCAL:
+        check_offline("the wandb callback would send the run's metrics to Weights & Biases (set WANDB_MODE=offline to keep "
+                      "them on disk)")
+    import wandb
+    from fastai.callback.wandb import WandbCallback
+    class Wandb(WandbCallback):
+        def __init__(self): super().__init__(log_preds=False); self._mine = False
+        def before_fit(self):
+            if wandb.run is None and dist_info()[0] == 0:
+                wandb.init(project=os.environ.get('WANDB_PROJECT', 'pe_anchors'), dir=_log_dir(self.learn, '.'),
+                           config=getattr(self.learn, 'config', None))
+                self._mine = True
+            super().before_fit()
+        def after_batch(self):
+            if not (self.training and self.run): return
+            self._wandb_step += 1; self._wandb_epoch += 1 / self.n_iter
+            wandb.log({'epoch': self._wandb_epoch, 'train_loss': float(self.smooth_loss), **_numbers(self.opt.hypers)},
+                      step=self._wandb_step)
+        def after_fit(self):
+            super().after_fit()
+            if self._mine: wandb.finish(); self._mine = False
+    return Wandb()
 
 def make_callbacks(names: Sequence[str] | None,
                    allow_import: bool = False,   # also 'module:Class' (the user's own command line, never a file)
@@ -477,9 +534,12 @@ def make_callbacks(names: Sequence[str] | None,
                              "the command line asks for it (--cbs module:Class)")
         else: raise ValueError(f"unknown callback {name!r}; use one of {', '.join(CALLBACKS)}, or module:Class with --cbs")
         mod, cls = target.split(':', 1)
-        try: obj = getattr(importlib.import_module(mod), cls)
+        try:
+            obj = getattr(importlib.import_module(mod), cls)
+            factory = name in CALLBACKS and not isinstance(obj, type)      # a registered maker (imports its package)
+            if factory: out.append(obj()); continue
         except ImportError as e: raise ValueError(f"callback {name!r} needs a package that is not installed ({e.name}); "
-                                                  f"pip install {e.name}") from None
+                                                  f"pip install {e.name} (or pe_anchors[tracking])") from None
         except AttributeError: raise ValueError(f"{mod} has no callback {cls!r}") from None
         if not (isinstance(obj, type) and issubclass(obj, Callback)):
             raise ValueError(f"callback {name!r} is not a fastai Callback (a subclass of fastai.callback.core.Callback)")
@@ -548,8 +608,9 @@ def build_model(model: str,                        # timm name
                 model_kwargs: dict | None = None,  # extra timm.create_model kwargs (e.g. depth=2)
                ) -> nn.Module:
     "The network: a pe_vit model with PE `pe`, or any other timm model as timm defines it (its position is its own)."
-    if hub_name(model): check_offline(f"the model {model} (its config and weights, from the Hugging Face Hub)")
-    if (model_kwargs or {}).get('pretrained'): check_offline(f"the pretrained weights of {model} (model_kwargs pretrained=True)")
+    if hub_name(model): check_offline(f"the model {model} (its config and weights, from the Hugging Face Hub) would be downloaded")
+    if (model_kwargs or {}).get('pretrained'):
+        check_offline(f"the pretrained weights of {model} (model_kwargs pretrained=True) would be downloaded")
     if ':' not in model and not timm.is_model(model):            # (hub and local-dir names are timm's to resolve)
         raise ValueError(f"unknown model {model!r}: not a timm model name (see timm.list_models(); this library's own "
                          "are pe_vit_*, e.g. pe_vit_nano_patch2_16)")

@@ -610,9 +610,11 @@ def load_checkpoint(path: str | Path, map_location: str = 'cpu',
     name, kwargs = meta.get('model_name'), json.loads(meta.get('model_kwargs') or '{}')
     if not name: name, kwargs = model_name, dict(model_kwargs or {})
     if not name: raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint); pass model_name=")
-    if hub_name(name): check_offline(f"the model {name} its metadata names (config and weights, from the Hugging Face Hub)", str(path))
+    if hub_name(name):
+        check_offline(f"the model {name} its metadata names (config and weights, from the Hugging Face Hub) would be downloaded",
+                      str(path))
     if {**kwargs, **overrides}.get('pretrained'):
-        check_offline(f"the pretrained weights of {name} (pretrained=True in its metadata)", str(path))
+        check_offline(f"the pretrained weights of {name} (pretrained=True in its metadata) would be downloaded", str(path))
     if ':' not in name and not timm.is_model(name):
         raise ValueError(f"{path} holds a {name!r} model, which this timm ({timm.__version__}) does not know: install the "
                          "library that registers it (import it first), or a timm version that has it")
