@@ -213,7 +213,7 @@ def _condition(asked: str | None, model, cfg: dict, where: Path) -> str:
 def cmd_analyze(a):
     "Measure a trained model (a checkpoint or a run directory) on a dataset; rows go to OUT/analysis.csv."
     from pe_anchors.core import write_atomic
-    from pe_anchors.experiment import EvalData, Experiment, evaluate_model, load_trained
+    from pe_anchors.experiment import EvalData, Experiment, check_data_fits, evaluate_model, load_trained
     from pe_anchors.interventions import peg_padding
     device = check_device(a.device)
     out = _out_dir(a.out)
@@ -227,6 +227,7 @@ def cmd_analyze(a):
     with padded:
         threads = _threads(a)
         ds = _dataset(a.data, a.data_path)
+        check_data_fits(model, ds, cfg)                              # a model of other data or another size: one line
         exp = Experiment(name=a.name or ds.name, conditions=[condition], ssdc_images=a.ssdc_images, n_perms=a.n_perms,
                          alphas=a.alphas, alpha_conditions=[condition] if a.alphas else [])
         ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, device)      # each set built once, for the α rows too
@@ -413,9 +414,12 @@ def parser(command: str | None = None, # build only this command's options ('' n
                                 '(Mannes 2026): train, measure (SSDC, RPI, fragility, α), report.')
     p.add_argument('--version', action='version', version=f'pe_anchors {_version()}')
     p.add_argument('--debug', action='store_true', help='show tracebacks for every error')
+    net = "allow downloads (pretrained or hf-hub: models, download=True data); without it nothing reaches the network"
+    p.add_argument('--allow-network', action='store_true', help=net)
     sub = p.add_subparsers(dest='command', metavar='COMMAND', required=True)
     for name, (help, opts, func) in COMMANDS.items():
         s = sub.add_parser(name, help=help, description=func.__doc__)
+        s.add_argument('--allow-network', action='store_true', default=argparse.SUPPRESS, help=net)   # also after the command
         if command is None or command == name: opts(s)
         s.set_defaults(func=func)
     return p
@@ -427,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings('ignore', message='.*torch.jit.script.* is deprecated')   # raised by timm's import, not ours
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parser(next((x for x in argv if not x.startswith('-')), '')).parse_args(argv)   # the command's options only
+    from pe_anchors.core import NETWORK_ENV
+    before = os.environ.get(NETWORK_ENV)
+    if a.allow_network: os.environ[NETWORK_ENV] = '1'                   # the user's opt-in, for this command only
     try:
         a.func(a)
         return 0
@@ -438,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = disk or _reason(e)
         print(f"pe_anchors {a.command}: error: {msg}", file=sys.stderr)
         return 2
+    finally:
+        if a.allow_network and before is None: del os.environ[NETWORK_ENV]
+        elif a.allow_network: os.environ[NETWORK_ENV] = before
 
 def _reason(e: Exception) -> str:
     "The first line of an error's message, without fastai's 'Exception occured in `X` when calling event `Y`:' wrapper."
@@ -449,7 +459,9 @@ def _disk_error(e: BaseException) -> str | None:
     "A one-line message when `e` (or what it wraps) is a full, over-quota or read-only disk; else None."
     for x in (e, e.__cause__, e.__context__):
         if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
-            return f"{x.strerror or os.strerror(x.errno)}: {x.filename or '?'} (free some space or choose another --out)"
+            what = ("the disk is mounted read-only: write somewhere else" if x.errno == errno.EROFS else
+                    "free some space or write somewhere else")
+            return f"{x.strerror or os.strerror(x.errno)}: {x.filename or '?'} ({what}, e.g. another --out)"
     return None
 
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())   # python -m pe_anchors.cli (not in a notebook)

@@ -13,12 +13,13 @@ import torch
 from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN', 'IMAGENET_STD',
-           'N_PERMS', 'LEFTOVERS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'image_rng', 'image_perms',
-           'condition_spec', 'condition_model_kwargs', 'condition_label', 'condition_order', 'show_progress', 'pbar',
-           'default_device', 'cpu_name', 'hardware_info', 'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores',
-           'auto_threads', 'set_threads', 'run_perm_seed', 'dist_info', 'sync', 'check_alpha', 'unwrap_model',
-           'write_atomic', 'current_umask', 'read_json', 'RunLock', 'remove_leftovers']
+__all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN',
+           'IMAGENET_STD', 'N_PERMS', 'LEFTOVERS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
+           'NetworkRefused', 'check_offline', 'hub_name', 'image_rng', 'image_perms', 'condition_spec',
+           'condition_model_kwargs', 'condition_label', 'condition_order', 'show_progress', 'pbar', 'default_device',
+           'cpu_name', 'hardware_info', 'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores', 'auto_threads',
+           'set_threads', 'run_perm_seed', 'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic',
+           'current_umask', 'read_json', 'RunLock', 'remove_leftovers']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -53,6 +54,23 @@ def check_finite(x: torch.Tensor, name: str = 'input') -> torch.Tensor:
         if n == 0: return x                                           # the sum overflowed, the values are finite
         raise ValueError(f"{name} has {n} non-finite value(s) (NaN or inf); check the model output / data")
     return x
+
+# %% ../nbs/00_core.ipynb #6e1f0a02
+NETWORK_ENV = 'PE_ANCHORS_ALLOW_NETWORK'      # '1': the user allows downloads (the command line's --allow-network)
+
+class NetworkRefused(ValueError):
+    "A download the user did not ask for (see `check_offline`)."
+
+def check_offline(what: str,              # what would reach the network: "the weights of X would be downloaded"
+                  where: str = ''):       # the file or field that asks for it
+    "Refuse a download unless the user allowed the network (`$PE_ANCHORS_ALLOW_NETWORK=1`, `--allow-network`)."
+    if os.environ.get(NETWORK_ENV) == '1': return
+    raise NetworkRefused(f"{where + ': ' if where else ''}{what}, and this library stays offline unless asked: pass "
+                         f"--allow-network (or set {NETWORK_ENV}=1) to allow it")
+
+def hub_name(name) -> bool:
+    "Whether a timm model name is fetched from the Hugging Face Hub (`hf-hub:` / `hf_hub:`)."
+    return isinstance(name, str) and name.startswith(('hf-hub:', 'hf_hub:'))
 
 # %% ../nbs/00_core.ipynb #78ce04d9
 def image_rng(seed: int, index: int) -> np.random.Generator:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_data.ipynb #cc1cbb2b
 from __future__ import annotations
-import inspect, logging, math, os
+import inspect, logging, math, os, re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +19,12 @@ from fastai.data.transforms import CategoryMap
 
 from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, default_device, dist_info, image_rng, pbar
 
-
 # %% auto #0
-__all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'DATA_PATH_ENV',
-           'DATASETS', 'translate_flip', 'resized_crop', 'random_boxes', 'Normalize', 'BatchAug', 'decode_file',
-           'ImageSplit', 'ImageDL', 'ImageLoaders', 'ImageData', 'image_folder', 'imagenet100', 'data_path', 'cifar10',
-           'digits', 'get_data', 'takes_path', 'stratified_sample']
+__all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'NPZ_KEYS',
+           'DATA_PATH_ENV', 'DIGITS_IMAGES', 'CIFAR10_IMAGES', 'DATASETS', 'translate_flip', 'resized_crop',
+           'random_boxes', 'Normalize', 'BatchAug', 'decode_file', 'ImageSplit', 'ImageDL', 'ImageLoaders', 'ImageData',
+           'image_folder', 'imagenet100', 'data_path', 'cifar10', 'digits', 'get_data', 'data_bytes', 'takes_path',
+           'stratified_sample']
 
 # %% ../nbs/03_data.ipynb #c07fe4ea
 # ImageNet-100 as defined by the CMC paper's class file: Tian, Krishnan & Isola, "Contrastive Multiview Coding",
@@ -173,6 +173,8 @@ def decode_file(path: str | Path, size: int | None = None) -> torch.Tensor: # (3
     try: x = decode_image(str(path), mode=ImageReadMode.RGB)
     except Exception as e:
         raise ValueError(f"cannot decode image {path}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+    if x.ndim == 4:                                                               # an animated GIF: (frames, 3, H, W)
+        raise ValueError(f"image {path} is animated ({x.shape[0]} frames): save one frame of it (e.g. as PNG) or remove it")
     if x.dtype == torch.uint16: x = (x.float() / 257).round().to(torch.uint8)     # 16-bit PNG: 0..65535 -> 0..255
     elif x.dtype != torch.uint8: raise ValueError(f"image {path} decodes to {x.dtype}; convert it to 8-bit RGB")
     return resize(x, [size, size], antialias=True) if size is not None and tuple(x.shape[-2:]) != (size, size) else x
@@ -439,8 +441,7 @@ def _every_class(labels, classes: Sequence[str], what: str):
 def _readable_header(path) -> bool:
     from PIL import Image
     try:
-        with Image.open(path) as im: im.size
-        return True
+        with Image.open(path) as im: return getattr(im, 'n_frames', 1) == 1    # an animated image is not one image
     except Exception: return False
 
 def _readable_full(path) -> bool:
@@ -458,11 +459,11 @@ def _check_files(files, labels, check: str, what: str):
     return [f for f, o in zip(files, ok) if o], [l for l, o in zip(labels, ok) if o]
 
 def _decode_all(files, labels, size: int, what: str, show: bool | None = None) -> ImageSplit:
-    imgs, keep, bad = [], [], []
+    imgs, keep, bad, why = [], [], [], ''
     for f, l in zip(pbar(files, total=len(files), show=show, comment=f'decoding {what}'), labels):
         try: imgs.append(decode_file(f, size)); keep.append(l)
-        except Exception: bad.append(f)
-    if bad: log.warning(f"{what}: skipped {len(bad)} unreadable image file(s) of {len(files)} (e.g. {bad[0]})")
+        except Exception as e: bad.append(f); why = why or str(e)
+    if bad: log.warning(f"{what}: skipped {len(bad)} unreadable image file(s) of {len(files)} (e.g. {why})")
     if not imgs: raise ValueError(f"{what}: no readable image among {len(files)} files")
     return ImageSplit(torch.tensor(keep, dtype=torch.long), images=torch.stack(imgs))
 
@@ -529,11 +530,62 @@ def imagenet100(path: str | Path,                   # an ImageNet-1k or ImageNet
     return data
 
 # %% ../nbs/03_data.ipynb #4438ef72
-def _npz_split(d, split: str) -> ImageSplit:
+NPZ_KEYS = ('classes',) + tuple(f'{s}_{k}' for s in ('train', 'val') for k in ('jpeg', 'offsets', 'labels'))
+
+def _read_npz(source: Path) -> dict:
+    "The arrays of a packed npz (`NPZ_KEYS`), each read whole; a damaged or incomplete file is named with what is wrong."
+    import zipfile
+    what = "a packed CIFAR-10 npz holds " + ', '.join(NPZ_KEYS)
+    try: d = np.load(source, allow_pickle=False)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise ValueError(f"{source} is not a readable npz ({type(e).__name__}: {str(e)[:80]}): truncated or damaged? "
+                         "copy or pack it again") from None
+    if not isinstance(d, np.lib.npyio.NpzFile): raise ValueError(f"{source} holds one array, not an npz archive: {what}")
+    with d:
+        missing = [k for k in NPZ_KEYS if k not in d.files]
+        if missing: raise ValueError(f"{source} lacks {', '.join(missing)}: {what}")
+        out = {}
+        for k in NPZ_KEYS:
+            try: out[k] = d[k]
+            except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:   # a bad CRC, a torn member, an object array
+                raise ValueError(f"{source}: its array {k} does not read back ({type(e).__name__}: {str(e)[:80]}): the "
+                                 "file is damaged; copy or pack it again") from None
+    return out
+
+def _npz_split(d: dict, split: str, source: Path | str = 'npz', n_classes: int | None = None) -> ImageSplit:
+    "Decode one split of a packed npz, refusing (by file, split and image index) what does not make one image per label."
     from torchvision.io import decode_jpeg, ImageReadMode
-    buf, off = torch.from_numpy(d[f'{split}_jpeg']), d[f'{split}_offsets']
-    imgs = decode_jpeg([buf[off[i]:off[i + 1]] for i in range(len(off) - 1)], mode=ImageReadMode.RGB)
-    return ImageSplit(torch.from_numpy(d[f'{split}_labels'].astype(np.int64)), images=torch.stack(imgs))
+    jpeg, off, labels = d[f'{split}_jpeg'], d[f'{split}_offsets'], d[f'{split}_labels']
+    where = f"{source}: {split}"
+    if jpeg.ndim != 1 or jpeg.dtype != np.uint8: raise ValueError(f"{where}_jpeg must be 1-D uint8 bytes, got {jpeg.dtype} {jpeg.shape}")
+    if off.ndim != 1 or not np.issubdtype(off.dtype, np.integer) or len(off) < 2:
+        raise ValueError(f"{where}_offsets must be a 1-D integer array of N+1 image boundaries, got {off.dtype} {off.shape}")
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{where}_labels must be one integer class index per image (1-D), got {labels.dtype} {labels.shape}")
+    out = labels[(labels < 0) | (labels >= n_classes)] if n_classes is not None else labels[:0]
+    if len(out): raise ValueError(f"{where} labels ({split}_labels) hold {out[0]}, outside 0..{n_classes - 1} ({n_classes} "
+                                  "classes): every label must name a class")
+    if len(labels) != len(off) - 1: raise ValueError(f"{where}_offsets bound {len(off) - 1} images but {split}_labels has {len(labels)}")
+    if off[0] != 0 or off[-1] != len(jpeg) or (np.diff(off) < 0).any():
+        raise ValueError(f"{where}_offsets must rise from 0 to {len(jpeg)} (the bytes of {split}_jpeg), got {off[0]}..{off[-1]}")
+    empty = np.flatnonzero(np.diff(off) == 0)
+    if len(empty): raise ValueError(f"{where} image {empty[0]} is empty (0 bytes; {len(empty)} such): pack the split again")
+    buf = torch.from_numpy(jpeg)
+    chunks = [buf[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+    try: imgs = decode_jpeg(chunks, mode=ImageReadMode.RGB)
+    except RuntimeError:                                                   # find the image that does not decode
+        for i, c in enumerate(chunks):
+            try: decode_jpeg(c, mode=ImageReadMode.RGB)
+            except RuntimeError as e:
+                raise ValueError(f"{where} image {i} is not a readable JPEG "
+                                 f"({re.sub(r'^.*?[.]cpp:[0-9]+, ', '', (str(e).splitlines() or [''])[-1])[:80]})") from None
+        raise
+    shapes = {tuple(x.shape) for x in imgs}
+    if len(shapes) > 1:
+        i = next(i for i, x in enumerate(imgs) if x.shape != imgs[0].shape)
+        raise ValueError(f"{where} images have {len(shapes)} sizes (image 0 is {tuple(imgs[0].shape[1:])}, image {i} "
+                         f"{tuple(imgs[i].shape[1:])}): resize them to one size when packing")
+    return ImageSplit(torch.from_numpy(labels.astype(np.int64)), images=torch.stack(imgs))
 
 DATA_PATH_ENV = {'cifar10': 'PE_ANCHORS_CIFAR10'}    # datasets that read their location from the environment when given none
 
@@ -557,9 +609,10 @@ def cifar10(path: str | Path | None = None,    # a folder (train/, val|test/) or
     source = Path(path).expanduser()
     if source.suffix == '.npz':
         if not source.exists(): raise FileNotFoundError(f"no npz at {source}")
-        with np.load(source) as d:
-            classes = [str(c) for c in d['classes']]
-            train, valid = _npz_split(d, 'train'), _npz_split(d, 'val')
+        d = _read_npz(source)
+        if d['classes'].ndim != 1: raise ValueError(f"{source}: classes must be a 1-D list of names, got shape {d['classes'].shape}")
+        classes = [str(c) for c in d['classes']]
+        train, valid = (_npz_split(d, s, source, len(classes)) for s in ('train', 'val'))
         if img_size != 32:
             from torchvision.transforms.v2.functional import resize
             train.images, valid.images = (resize(s.images, [img_size] * 2, antialias=True) for s in (train, valid))
@@ -570,6 +623,8 @@ def cifar10(path: str | Path | None = None,    # a folder (train/, val|test/) or
     return data
 
 # %% ../nbs/03_data.ipynb #ea4126ba
+DIGITS_IMAGES, CIFAR10_IMAGES = 1797, 60000          # images of the in-memory datasets (train and validation)
+
 def digits(seed: int = 0,              # seed of the train/valid split
            valid_pct: float = 0.2,
            img_size: int = 16,         # 8 (native) or a larger side, reached by bilinear upsampling
@@ -577,6 +632,10 @@ def digits(seed: int = 0,              # seed of the train/valid split
           ) -> ImageData:
     "scikit-learn's bundled 8x8 digits as 3-channel uint8 images (upsampled to `img_size`): a fixed stratified split, no network."
     if img_size < 8: raise ValueError(f"digits are 8x8 images: img_size must be >= 8, got {img_size}")
+    n_valid = math.ceil(valid_pct * DIGITS_IMAGES) if 0 < valid_pct < 1 else 0      # scikit-learn's rounding
+    if not 10 <= n_valid <= DIGITS_IMAGES - 10:                                        # every class in both splits
+        raise ValueError(f"valid_pct is the share of the {DIGITS_IMAGES} digits kept for validation: a number strictly "
+                         f"between 0 and 1 that leaves each split one image per class (0.01..0.99), got {valid_pct}")
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     d = load_digits()
@@ -600,13 +659,24 @@ def digits(seed: int = 0,              # seed of the train/valid split
 # %% ../nbs/03_data.ipynb #6b8dd411
 DATASETS = {'digits': digits, 'cifar10': cifar10, 'imagenet100': imagenet100, 'image_folder': image_folder}
 
-def get_data(name: str | Path | ImageData = 'digits', **kwargs) -> ImageData:
-    "An `ImageData` by name (`DATASETS`), from a folder path, or passed through."
+def get_data(name: str | Path | ImageData = 'digits', /, **kwargs) -> ImageData:
+    "An `ImageData` by name (`DATASETS`), from a folder path, or passed through (`kwargs` may hold the builder's own `name`)."
     if isinstance(name, ImageData): return name
     if isinstance(name, str) and name in DATASETS: return DATASETS[name](**kwargs)
     p = Path(name).expanduser()
     if p.suffix == '.npz' or p.exists(): return (cifar10 if p.suffix == '.npz' else image_folder)(p, **kwargs)
     raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or an existing folder path")
+
+def data_bytes(name: str | Path, **kwargs) -> int | None:
+    "Estimated peak memory (bytes) of building dataset `name` with `kwargs` in memory; None for a folder (see `image_folder`'s `in_memory`)."
+    import inspect
+    if isinstance(name, ImageData): return None
+    builder = DATASETS.get(name) if isinstance(name, str) else None
+    if builder is None and str(name).endswith('.npz'): builder = cifar10
+    if builder not in (digits, cifar10): return None
+    s = kwargs.get('img_size', inspect.signature(builder).parameters['img_size'].default)
+    if builder is digits: return DIGITS_IMAGES * s * s * (3 * 4 + 3)     # float32 upsampled, background, sum; then uint8 RGB
+    return CIFAR10_IMAGES * 3 * (32 * 32 + 2 * s * s)                    # the decoded set and its resized copy
 
 def takes_path(name: str | Path) -> bool:
     "Whether dataset `name` (a key of `DATASETS`) is read from a location given apart, its builder's `path` (see `data_path`); a folder or file given as the name is its own location."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/09_experiment.ipynb #f0a5f4b2
 from __future__ import annotations
-import contextlib, hashlib, json, os, shutil, time
+import contextlib, hashlib, json, math, os, shutil, time
 from dataclasses import MISSING, dataclass, field, asdict, fields
 from pathlib import Path
 from typing import Sequence
@@ -15,26 +15,132 @@ import timm
 import torch
 from torch import nn
 
-from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, RunLock, run_perm_seed, auto_threads, default_device, check_choice,
+from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused, RunLock, run_perm_seed,
+                             auto_threads, default_device, check_choice, check_offline, hub_name,
                              code_version, condition_model_kwargs, condition_spec, hardware_info, pbar, read_json, remove_leftovers, set_threads,
                              unwrap_model, show_progress, write_atomic)
 from .anatomy import anatomy, model_family
 from .paper import PAPER_ALPHAS
-from .results import (fragility, gather, main_rows, peak_rpi, read_results, result_row, ssdc_metric,
+from .results import (check_runs, fragility, gather, main_rows, peak_rpi, read_results, result_row, ssdc_metric,
                                 write_results)
-from .data import ImageData, get_data, stratified_sample
+from .data import DATASETS, ImageData, cifar10, data_bytes, get_data, image_folder, stratified_sample
 from .vit import load_checkpoint, save_hub
-from .learner import (CALLBACKS, DEFAULT_MODELS, build_model, config_diff, get_recipe, make_callbacks, pe_learner,
+from .learner import (CALLBACKS, DEFAULT_MODELS, Recipe, build_model, config_diff, get_recipe, make_callbacks, pe_learner,
                                 train)
 from .interventions import (PADDING_MODES, SSDC_MODES, alpha_sweep, pe_table_ssdc, peg_padding,
                                       position_signal_ratio, ssdc_trajectories)
 from .robustness import SHIFT_KINDS, ShiftedSets, evaluate_accuracy, evaluate_shifts, make_shift
 
 # %% auto #0
-__all__ = ['PRESETS', 'OUTPUT_TAP', 'KEPT_MODEL', 'RESTART_FILES', 'Experiment', 'preset', 'EvalData', 'evaluate_model',
-           'check_experiment', 'check_run', 'resolve_shard', 'run_dir_of', 'run_one', 'init_model', 'run_experiment',
-           'load_trained', 'load_run_model', 'experiment_of', 'kept_runs', 'experiment_data', 'KeptRun', 'load_kept',
-           'keep_runs', 'reevaluate', 'compare_results', 'signal_ratios', 'export_run', 'padding_ablation']
+__all__ = ['SEED_MAX', 'SCHEMA', 'MODEL_SIZES', 'PRESETS', 'OUTPUT_TAP', 'KEPT_MODEL', 'RESTART_FILES', 'ExperimentError',
+           'ExperimentTypeError', 'Rule', 'check_value', 'check_kwargs', 'check_fields', 'Experiment', 'preset',
+           'EvalData', 'check_data_fits', 'evaluate_model', 'ram_bytes', 'model_bytes', 'check_memory',
+           'check_experiment', 'experiment_cost', 'cost_line', 'check_run', 'resolve_shard', 'run_dir_of', 'run_one',
+           'init_model', 'run_experiment', 'load_trained', 'load_run_model', 'experiment_of', 'kept_runs',
+           'experiment_data', 'KeptRun', 'load_kept', 'keep_runs', 'reevaluate', 'compare_results', 'signal_ratios',
+           'export_run', 'padding_ablation']
+
+# %% ../nbs/09_experiment.ipynb #5c4e7a11
+class ExperimentError(ValueError):
+    "An experiment field holds a value it cannot take (out of range, an unknown name or key, too large for this machine)."
+
+class ExperimentTypeError(ExperimentError, TypeError):
+    "An experiment field holds a value of the wrong type (a string where a number or a flag is meant, a float for a count)."
+
+def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+def _is_number(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+_KINDS = {   # kind: (its test, how a message names it)
+    'str': (lambda v: isinstance(v, str), 'a string'),
+    'int': (_is_int, 'a whole number'),
+    'number': (_is_number, 'a number'),
+    'bool': (lambda v: isinstance(v, (bool, np.bool_)), 'true or false'),
+    'dict': (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v), 'a mapping of names to values'),
+    'list': (lambda v: isinstance(v, (list, tuple)), 'a list'),
+}
+
+@dataclass(frozen=True)
+class Rule:
+    "What one experiment field may hold: its kind (`_KINDS`), the kind of a list's items, a range, whether empty or None."
+    kind: str
+    item: str | None = None          # a list: the kind of each item
+    lo: float | None = None          # the smallest value (of the number, or of each item)
+    hi: float | None = None          # the largest
+    empty: bool = True               # a string or list may be empty
+    none: bool = False               # the field may be None
+
+SEED_MAX = 2**32 - 1                 # numpy's seeds (fastai's set_seed seeds numpy too)
+SCHEMA = {
+    'name': Rule('str', empty=False), 'data': Rule('str', empty=False), 'data_kwargs': Rule('dict'),
+    'model': Rule('str', empty=False, none=True), 'model_kwargs': Rule('dict'),
+    'conditions': Rule('list', 'str', empty=False), 'seeds': Rule('list', 'int', lo=0, hi=SEED_MAX, empty=False),
+    'recipe': Rule('str'), 'train_kwargs': Rule('dict'), 'ssdc_images': Rule('int', lo=2),
+    'sample_seed': Rule('int', lo=0, hi=SEED_MAX), 'n_perms': Rule('int', lo=1), 'rpi_mode': Rule('str'),
+    'untrained': Rule('bool'), 'alphas': Rule('list', 'number', lo=0), 'alpha_conditions': Rule('list', 'str'),
+    'severities': Rule('bool'), 'shift_ref_size': Rule('int', lo=1), 'eval_bs': Rule('int', lo=1),
+    'callbacks': Rule('list', 'str'),
+}
+MODEL_SIZES = ('depth', 'embed_dim', 'num_heads', 'patch_size', 'img_size', 'num_classes')   # whole numbers >= 1
+
+def _fix(kind: str, v) -> str:
+    "What to write instead of `v` where a `kind` is meant."
+    if isinstance(v, str) and kind in ('bool', 'int', 'number'): return f"write {_KINDS[kind][1]} without quotes"
+    if kind == 'int' and _is_number(v): return "write a whole number (no decimal point)"
+    return f"write {_KINDS[kind][1]}"
+
+def check_value(key: str, v, kind: str, lo: float | None = None, hi: float | None = None):
+    "Refuse `v` for field `key` unless it is of `kind` (`_KINDS`) and, for numbers, finite and within [lo, hi]."
+    test, what = _KINDS[kind]
+    g = lambda x: f"{x:,}" if isinstance(x, int) else f"{x:g}"
+    span = (f" in {g(lo)}..{g(hi)}" if lo is not None and hi is not None else f" >= {g(lo)}" if lo is not None else
+            f" <= {g(hi)}" if hi is not None else '') if kind in ('int', 'number') else ''
+    if not test(v): raise ExperimentTypeError(f"{key} must be {what}{span}, got {v!r} ({type(v).__name__}): {_fix(kind, v)}")
+    if kind in ('int', 'number') and (not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi)):
+        raise ExperimentError(f"{key} must be {what}{span}, got {v!r}")
+
+def _default_kind(default) -> str | None:
+    "The kind (`_KINDS`) of an argument from its default (None: any)."
+    for t, k in ((bool, 'bool'), (int, 'int'), (float, 'number'), (str, 'str'), (dict, 'dict'), ((list, tuple), 'list')):
+        if isinstance(default, t): return k
+    return None
+
+def check_kwargs(key: str, kw: dict, params: dict, what: str):
+    "Refuse keys of `kw` (field `key`) that are not in `params` (name: default: `what` they are) and values of another kind than their default."
+    bad = sorted(set(kw) - set(params))
+    if bad: raise ExperimentError(f"{key}: unknown {what} {bad}; valid: {', '.join(params)}")
+    for k, v in kw.items():
+        kind = _default_kind(params[k])
+        if kind == 'number' and _is_number(v): continue
+        if kind is not None and v is not None: check_value(f"{key}.{k}", v, kind)
+
+def _data_params(data: str) -> tuple[dict, str] | None:
+    "The arguments (name: default) a dataset's builder takes in `data_kwargs`, and the builder's name (None: unknown data)."
+    import inspect
+    if data in DATASETS: fn, skip = DATASETS[data], ()
+    elif data.endswith('.npz') or Path(data).expanduser().exists(): fn, skip = (cifar10 if data.endswith('.npz') else image_folder), ('path',)
+    else: return None
+    ps = {k: (None if p.default is inspect.Parameter.empty else p.default)
+          for k, p in inspect.signature(fn).parameters.items() if k not in skip}
+    return ps, fn.__name__
+
+def check_fields(d: dict) -> dict:
+    "Check an experiment's fields (a mapping) against `SCHEMA` and its nested keyword arguments; raise naming the first wrong one."
+    for key, r in SCHEMA.items():
+        if key not in d or (d[key] is None and r.none): continue
+        v = d[key]
+        check_value(key, v, r.kind, *((r.lo, r.hi) if r.item is None else ()))
+        if r.item is not None:
+            for i, x in enumerate(v): check_value(f"{key}[{i}]", x, r.item, r.lo, r.hi)
+        if not r.empty and not len(v): raise ExperimentError(f"{key} must be a non-empty {_KINDS[r.kind][1].split(' ', 1)[1]}, got {v!r}")
+    if 'data' in d:
+        ps = _data_params(d['data'])
+        if ps is not None: check_kwargs('data_kwargs', d.get('data_kwargs') or {}, ps[0], f"argument(s) of the dataset builder {ps[1]}()")
+    check_kwargs('train_kwargs', d.get('train_kwargs') or {}, {f.name: f.default for f in fields(Recipe)}, 'recipe field(s)')
+    for k in MODEL_SIZES:
+        v = (d.get('model_kwargs') or {}).get(k)
+        if v is None or (k == 'img_size' and isinstance(v, (list, tuple))): continue
+        check_value(f"model_kwargs.{k}", v, 'int', 1)
+    return d
 
 # %% ../nbs/09_experiment.ipynb #f2551c4f
 @dataclass
@@ -64,17 +170,15 @@ class Experiment:
     def __post_init__(self): self.validate()
 
     def validate(self):
-        "Check every field, with errors that say what to fix."
+        "Check every field (types and ranges: `check_fields`; names: conditions, RPI mode, callbacks), with errors that say what to fix."
+        check_fields({f.name: getattr(self, f.name) for f in fields(self)})
+        if hub_name(self.model):
+            check_offline(f"the model {self.model} (its config and weights, from the Hugging Face Hub) would be downloaded", 'model')
+        if self.model_kwargs.get('pretrained'):
+            check_offline(f"the pretrained weights of {self.model or 'the default model'} would be downloaded", 'model_kwargs.pretrained')
+        if self.data_kwargs.get('download'): check_offline(f"the {self.data} dataset would be downloaded", 'data_kwargs.download')
         for c in list(self.conditions) + list(self.alpha_conditions): check_choice('condition', c, CONDITIONS)
-        if not self.conditions: raise ValueError("an experiment needs at least one condition")
-        if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
-            raise ValueError(f"seeds must be a non-empty list of ints, got {self.seeds!r}")
         check_choice('RPI mode', self.rpi_mode, [m for m in SSDC_MODES if m != 'normal'])
-        if self.ssdc_images < 2 or self.n_perms < 1 or self.eval_bs < 1 or self.shift_ref_size < 1:
-            raise ValueError("ssdc_images must be >= 2; n_perms, eval_bs and shift_ref_size >= 1")
-        if any(not np.isfinite(a) or a < 0 for a in self.alphas): raise ValueError(f"alphas must be >= 0, got {self.alphas}")
-        if not isinstance(self.callbacks, list) or not all(isinstance(c, str) for c in self.callbacks):
-            raise ValueError(f"callbacks must be a list of names, got {self.callbacks!r}")
         for c in self.callbacks:                                 # a file from someone else never names code to import
             if c not in CALLBACKS: raise ValueError(f"callback {c!r} is not a registered callback ({', '.join(CALLBACKS)}): an "
                                                     "experiment file names registered callbacks only; give module:Class on "
@@ -118,8 +222,10 @@ class Experiment:
         if not isinstance(d, dict):
             raise ValueError(f"{path} must hold a mapping of fields (name: value), got a {type(d).__name__}: {str(d)[:40]!r}")
         bad = set(d) - {f.name for f in fields(cls)}
-        if bad: raise ValueError(f"{path}: unknown field(s) {sorted(bad)}; valid: {', '.join(f.name for f in fields(cls))}")
-        return cls(**{**d, **overrides})
+        if bad: raise ExperimentError(f"{path}: unknown field(s) {sorted(bad)}; valid: {', '.join(f.name for f in fields(cls))}")
+        try: return cls(**{**d, **overrides})
+        except ValueError as e:                                    # the file, then the field, its value and what to do
+            raise (type(e) if isinstance(e, (ExperimentError, NetworkRefused)) else ExperimentError)(f"{path}: {e}") from None
 
 # %% ../nbs/09_experiment.ipynb #08823676
 PRESETS = {
@@ -200,6 +306,17 @@ def _mark_output(df: pd.DataFrame, depth: int) -> pd.DataFrame:
     tap = np.where(df['metric'].isin(['ssdc', 'ssdc_image']) & (df['layer'] == depth), OUTPUT_TAP, '')
     return df.assign(tap=tap)
 
+def check_data_fits(model: nn.Module, data: ImageData, cfg: dict | None = None):
+    "The model's `Anatomy`, once its input size is that of `data`'s images (else a ValueError naming what it was trained on)."
+    a = anatomy(model)
+    if a.img_size != (data.img_size, data.img_size):
+        was = (cfg or {}).get('data') or {}
+        trained = f" (trained on {was.get('builder', '?')} at {was.get('img_size', '?')} px)" if was else ''
+        raise ValueError(f"the model takes {a.img_size[0]}x{a.img_size[1]} px images{trained} but {data.name} has "
+                         f"{data.img_size} px: measure it on the data (and size) it was trained on"
+                         + (f", e.g. --data {was['builder']}" if was.get('builder') else ''))
+    return a
+
 def evaluate_model(model: nn.Module,
                    ev: EvalData,
                    exp: Experiment,
@@ -216,7 +333,7 @@ def evaluate_model(model: nn.Module,
                          "was trained on (or a dataset with the same classes)")
     meta = dict(experiment=exp.name, dataset=ev.data.name, condition=condition, seed=seed, stage=stage)
     model = unwrap_model(model).eval().to(ev.device)
-    a = anatomy(model)
+    a = check_data_fits(model, ev.data)
     taps = list(range(a.depth)) + [a.output_layer]                         # every block input, and the output tap
     frames = [ssdc_trajectories(model, ev.ssdc_batches, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms,
                                 perm_seed=run_perm_seed(seed), measure_kwargs=dict(show_progress=False, layers=taps), **meta)]
@@ -264,12 +381,55 @@ def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show, taps: li
     return out
 
 # %% ../nbs/09_experiment.ipynb #9e9bcab8
+def ram_bytes() -> int | None:
+    "This machine's physical memory in bytes (None where the system does not say)."
+    try: return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError, AttributeError): return None
+
+def model_bytes(model: str, num_classes: int, condition: str, model_kwargs: dict | None = None) -> int | None:
+    """Estimated memory to train `model` for `condition`: weights, gradients and AdamW's two moments (4 × the parameters)
+    and the buffers, counted on a build on the meta device (nothing allocated; a deep model from depths 1 and 2).
+    None when the model cannot be built there."""
+    spec, mk = condition_spec(condition), dict(model_kwargs or {})
+    if model_family(model) == 'pe_vit': mk = condition_model_kwargs(condition, mk)
+    def count(**over) -> int:
+        with torch.device('meta'): m = build_model(model, num_classes, spec['pe'], spec['rpt'], model_kwargs={**mk, **over})
+        size = lambda ts: sum(t.numel() * t.element_size() for t in ts)
+        return 4 * size(m.parameters()) + size(m.buffers())
+    depth = mk.get('depth')
+    try:
+        if _is_int(depth) and depth > 2:                      # linear in depth: no need to build a huge one
+            one, two = count(depth=1), count(depth=2)
+            return one + (depth - 1) * (two - one)
+        return count()
+    except Exception: return None                             # e.g. a table computed with numpy at build time
+
+def _gib(n: float) -> str: return f"{n / 2**30:,.1f} GiB"
+
+def check_memory(exp: Experiment, data: ImageData | None = None, model: str | None = None):
+    "Refuse, before anything is built, a dataset or model that cannot fit in this machine's memory (`ram_bytes`)."
+    ram = ram_bytes()
+    if ram is None: return
+    if data is None:
+        need = data_bytes(exp.data, **exp.data_kwargs)
+        if need is not None and need > ram:
+            raise ExperimentError(f"data {exp.data!r} with data_kwargs {exp.data_kwargs} needs about {_gib(need)} of memory "
+                                  f"and this machine has {_gib(ram)}: lower data_kwargs.img_size")
+    if model is None: return
+    for cond in exp.conditions:
+        need = model_bytes(model, data.c if data is not None else 10, cond, exp.model_kwargs)
+        if need is not None and need > ram:
+            raise ExperimentError(f"{model} with model_kwargs {exp.model_kwargs} ({cond}) needs about {_gib(need)} to train "
+                                  f"(weights, gradients, optimiser state) and this machine has {_gib(ram)}: lower its depth, "
+                                  "width or image size")
+
 def check_experiment(exp: Experiment, data: ImageData | None = None):
-    "Validate `exp` (fields, recipe, model per condition, depth for ΔSSDC) before anything runs; raise ValueError."
+    "Validate `exp` (fields, recipe, memory, model per condition, depth for ΔSSDC) before anything runs; raise ValueError."
     exp.validate()
     get_recipe(exp.recipe, **exp.train_kwargs)
     size = data.img_size if data is not None else None
     model = exp.model or (DEFAULT_MODELS.get(size) if size else None)
+    check_memory(exp, data, model)                             # before any model is built for real
     if model is None: return                                   # resolved from the data's image size later
     for cond in exp.conditions:
         spec = condition_spec(cond)
@@ -279,6 +439,25 @@ def check_experiment(exp: Experiment, data: ImageData | None = None):
         if anatomy(m).depth < 2:
             raise ValueError(f"{model} with {exp.model_kwargs} has {anatomy(m).depth} block(s): ΔSSDC (block 1 "
                              "minus block 0 under RPI) needs at least 2")
+
+def experiment_cost(exp: Experiment, data: ImageData) -> dict:
+    """What `exp` asks of the machine, counted before it starts: runs, training images (runs × epochs × images) and
+    images through a model while measuring (SSDC unpermuted and over `n_perms` RPI draws, the shifted sets, the α sweep)."""
+    runs, epochs, n = len(exp.runs()), get_recipe(exp.recipe, **exp.train_kwargs).epochs, len(data.train)
+    ssdc, valid = min(exp.ssdc_images, len(data.valid)), len(data.valid)
+    sets = 1 + len(SHIFT_KINDS) * (1 + 5 * exp.severities)            # clean, JPEG and blur (and their severities)
+    per_model = ssdc * (1 + exp.n_perms)
+    alpha_runs = sum(c in exp.alpha_conditions for c, _ in exp.runs()) if exp.alphas else 0
+    measure = (runs * (per_model * (1 + exp.untrained) + valid * sets)
+               + alpha_runs * len(exp.alphas) * (per_model + valid * (1 + len(SHIFT_KINDS))))
+    return dict(runs=runs, epochs=epochs, train_images=n, trained=runs * epochs * n, measured=measure)
+
+def cost_line(exp: Experiment, data: ImageData) -> str:
+    "The one line `run_experiment` prints before it starts: the counts of `experiment_cost`."
+    c = experiment_cost(exp, data)
+    return (f"{exp.name}: {c['runs']} run(s) × {c['epochs']} epoch(s) × {c['train_images']:,} images = {c['trained']:,} "
+            f"training images; measuring: {c['measured']:,} images through a model ({exp.n_perms} permutation draw(s), "
+            f"{min(exp.ssdc_images, len(data.valid)):,} SSDC images)")
 
 def check_run(exp: Experiment, run_dir: str | Path):
     "Refuse a finished run whose recorded training config is not what `exp` trains (e.g. copied from elsewhere)."
@@ -461,6 +640,7 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
     device = str(default_device(device))
     if data is None: data = get_data(exp.data, **exp.data_kwargs)
     check_experiment(exp, data)                      # the model for this data: still nothing written
+    if show_progress(show) if verbose is None else verbose: print(cost_line(exp, data), flush=True)
     with RunLock(out_dir) as lock:                   # no other sweep in the directory: restart, or tidy up
         if restart and not lock.acquired:
             raise ValueError(f"another sweep is running in {out_dir}; wait for it or stop it before --restart")
@@ -504,7 +684,6 @@ def _run_experiment(exp, out_dir: Path, index, count, device, show, data, verbos
     for d in sorted((out_dir / 'runs').glob('*/results.csv')): check_run(exp, d.parent)
     return gather(out_dir)
 
-
 # %% ../nbs/09_experiment.ipynb #2f86062a
 def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module, dict]:
     """A trained model from a `.safetensors` checkpoint, a Hub folder (`save_hub`, a run's kept `model/`) or a run
@@ -515,7 +694,16 @@ def load_trained(path: str | Path, map_location: str = 'cpu') -> tuple[nn.Module
         cfg = read_json(run / 'train' / 'config.json') if (run / 'train' / 'config.json').exists() else {}
         for hub in (p, p / KEPT_MODEL):
             if _is_hub_folder(hub):
-                model = timm.create_model(f'local-dir:{hub}', pretrained=True)
+                arch = read_json(hub / 'config.json').get('architecture')
+                if hub_name(arch):
+                    check_offline(f"the model {arch} (from the Hugging Face Hub) would be downloaded", str(hub / 'config.json'))
+                if not timm.is_model(arch): raise ValueError(f"{hub / 'config.json'} names model {arch!r}, which this timm "
+                                                             f"({timm.__version__}) does not know; import the library that registers it")
+                try: model = timm.create_model(f'local-dir:{hub}', pretrained=True)
+                except Exception as e:                       # e.g. a pickle renamed model.safetensors
+                    raise ValueError(f"{hub / 'model.safetensors'} does not load as this folder's model ({type(e).__name__}: "
+                                     f"{(str(e).splitlines() or [''])[0][:80]}); a .pt/.pth pickle renamed .safetensors is "
+                                     "not a safetensors file") from None
                 return model.to(map_location).eval(), cfg
         ck = next((c for c in (p / 'model.safetensors', p / 'train' / 'model.safetensors') if c.exists()), p / 'model.safetensors')
     else: ck = p
@@ -710,7 +898,10 @@ def _finished_runs(out_dir: str | Path, data_path=None, device=None, conditions:
     "An experiment's `Experiment`, data, `EvalData` and finished runs as (condition, seed, results), for analyses that reload its models."
     out_dir = Path(out_dir)
     exp = experiment_of(out_dir)
-    runs = [(r['condition'], r['seed'], read_results(f)) for f in sorted((out_dir / 'runs').glob('*/results.csv'))
+    files = sorted((out_dir / 'runs').glob('*/results.csv'))
+    frames = {str(f.relative_to(out_dir)): read_results(f) for f in files}
+    check_runs(out_dir, frames)                       # runs of this experiment, trained and measured as it says
+    runs = [(r['condition'], r['seed'], frames[str(f.relative_to(out_dir))]) for f in files
             for r in [read_json(f.parent / 'run.json')] if conditions is None or r['condition'] in conditions]
     if not runs: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'}"
                                          + (f" of {', '.join(conditions)}" if conditions is not None else ''))

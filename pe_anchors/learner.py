@@ -26,7 +26,7 @@ from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop, patch
 
-from .core import (RunLock, auto_threads, busy_cores, check_choice, condition_model_kwargs, condition_spec, cpu_snapshot, current_umask, dist_info,
+from .core import (RunLock, auto_threads, busy_cores, check_choice, check_offline, hub_name, condition_model_kwargs, condition_spec, cpu_snapshot, current_umask, dist_info,
                              hardware_info, read_json, remove_leftovers, set_threads, sync, unwrap_model, write_atomic,
                              show_progress as _show_progress)
 from .anatomy import anatomy, model_family, position_parameters
@@ -35,12 +35,12 @@ from .data import ImageData, get_data
 from .callback.permute import RPT
 
 # %% auto #0
-__all__ = ['RECIPES', 'PARAM_KINDS', 'DEFAULT_MODELS', 'CALLBACKS', 'Recipe', 'get_recipe', 'SoftTargetCE', 'wd_param_groups',
-           'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff', 'checkpoints', 'last_checkpoint',
-           'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'make_callbacks', 'DivergenceWarning', 'AutoThreads',
-           'EpochLines', 'learner_device', 'default_model', 'build_model', 'set_data_config', 'make_dls',
-           'make_optimizer', 'fit_callbacks', 'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe',
-           'train']
+__all__ = ['RECIPES', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'WANDB_LOCAL', 'Recipe', 'get_recipe',
+           'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff',
+           'checkpoints', 'last_checkpoint', 'RunRecorder', 'init_distributed', 'DDP', 'Progress',
+           'tensorboard_callback', 'wandb_callback', 'make_callbacks', 'DivergenceWarning', 'AutoThreads', 'EpochLines',
+           'learner_device', 'default_model', 'build_model', 'set_data_config', 'make_dls', 'make_optimizer',
+           'fit_callbacks', 'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe', 'train']
 
 # %% ../nbs/05_learner.ipynb #fa871433
 @dataclass
@@ -247,9 +247,13 @@ class RunRecorder(Callback):
         self.start_epoch, self._resume, self._lock = 0, None, None
 
     def clear(self):
-        "Start over: delete the checkpoints, metrics and final files of an earlier run in `run_dir`."
-        shutil.rmtree(self.run_dir / 'checkpoints', ignore_errors=True)
-        for f in ('metrics.csv', 'final.json', 'model.safetensors'): (self.run_dir / f).unlink(missing_ok=True)
+        "Start over: delete the checkpoints, metrics and final files of an earlier run in `run_dir` (holding its lock)."
+        if not self.run_dir.is_dir(): return
+        with RunLock(self.run_dir) as lock:                            # never under another process that trains it
+            if not lock.acquired: raise ValueError(f"{self.run_dir} is being trained by another process; wait for it "
+                                                   "or use another directory (nothing was deleted)")
+            shutil.rmtree(self.run_dir / 'checkpoints', ignore_errors=True)
+            for f in ('metrics.csv', 'final.json', 'model.safetensors'): (self.run_dir / f).unlink(missing_ok=True)
 
     def prepare_resume(self, model: nn.Module | None = None) -> int:
         "Check the saved config, find the newest checkpoint that reads back whole and fits `model`; returns the first epoch to train."
@@ -307,7 +311,6 @@ class RunRecorder(Callback):
                 keep = saved; warnings.warn(f"{p} lacked the rows of {span}; restored them from {self._resume[0]}")
             else: warnings.warn(f"{p} lacks the rows of {span} and the checkpoint does not hold them: that history is lost")
         if keep != rows: _write_metrics(p, keep)
-
 
 # %% ../nbs/05_learner.ipynb #45d2a824
 @patch
@@ -403,16 +406,33 @@ def write_final(self: RunRecorder) -> dict:
     return final
 
 # %% ../nbs/05_learner.ipynb #b540144b
+DIST_TIMEOUT_ENV = 'PE_ANCHORS_DIST_TIMEOUT'    # seconds the ranks wait for each other to join (default 60)
+
 def init_distributed() -> tuple[int, int, int]:
-    "Join the process group described by the environment (torchrun / accelerate launch); returns (rank, world, local_rank)."
+    """Join the process group described by the environment (torchrun / accelerate launch); returns (rank, world, local_rank).
+    Ranks that do not all join within `$PE_ANCHORS_DIST_TIMEOUT` seconds (60) fail in one line instead of waiting forever."""
     import torch.distributed as dist
+    from datetime import timedelta
     world = int(os.environ.get('WORLD_SIZE', 1))
     if world <= 1: return 0, 1, 0
     local = int(os.environ.get('LOCAL_RANK', 0))
     if not dist.is_initialized():
+        launch = (f"start one process per rank with a launcher (torchrun --nproc_per_node {world} -m pe_anchors.cli "
+                  "train ...), or unset WORLD_SIZE to train in one process")
+        missing = [k for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK') if not os.environ.get(k)]
+        if missing: raise ValueError(f"WORLD_SIZE={world} is set but not {', '.join(missing)}: {launch}")
+        try: wait = float(os.environ.get(DIST_TIMEOUT_ENV) or 60)
+        except ValueError: raise ValueError(f"{DIST_TIMEOUT_ENV} must be a number of seconds, got {os.environ[DIST_TIMEOUT_ENV]!r}") from None
         cuda = torch.cuda.is_available()
         if cuda: torch.cuda.set_device(local)
-        dist.init_process_group('nccl' if cuda else 'gloo')
+        try: dist.init_process_group('nccl' if cuda else 'gloo', timeout=timedelta(seconds=wait))
+        except dist.DistStoreError:
+            raise ValueError(f"rank {os.environ['RANK']} of WORLD_SIZE={world}: the other ranks did not join within {wait:g} s "
+                             f"({DIST_TIMEOUT_ENV} sets the wait): {launch}") from None
+        except dist.DistNetworkError as e:
+            raise ValueError(f"cannot reach or open MASTER_ADDR:MASTER_PORT = {os.environ['MASTER_ADDR']}:"
+                             f"{os.environ['MASTER_PORT']} ({(str(e).splitlines() or [''])[0][:80]}): {launch}") from None
+        dist.set_timeout(timedelta(minutes=10 if cuda else 30))    # collectives: torch's own defaults again
     return dist.get_rank(), dist.get_world_size(), local
 
 class DDP(Callback):
@@ -439,9 +459,66 @@ class Progress(ProgressCallback):
         self.pbar.update(self.iter + 1)
         if self.iter % self.every == 0 and hasattr(self, 'smooth_loss'): self.pbar.comment = f'{self.smooth_loss.item():.4f}'
 
-CALLBACKS = {'csv': 'fastai.callback.progress:CSVLogger', 'tensorboard': 'fastai.callback.tensorboard:TensorBoardCallback',
-             'wandb': 'fastai.callback.wandb:WandbCallback', 'save_model': 'fastai.callback.tracker:SaveModelCallback',
+CALLBACKS = {'csv': 'fastai.callback.progress:CSVLogger', 'tensorboard': 'pe_anchors.learner:tensorboard_callback',
+             'wandb': 'pe_anchors.learner:wandb_callback', 'save_model': 'fastai.callback.tracker:SaveModelCallback',
              'early_stopping': 'fastai.callback.tracker:EarlyStoppingCallback'}
+WANDB_LOCAL = ('offline', 'disabled', 'dryrun')   # WANDB_MODE values that keep a run's metrics on this machine
+
+def _numbers(hypers: list[dict]) -> dict:
+    "The optimiser's numeric hyper-parameters by `name_group` (torch's AdamW also holds None and flags)."
+    return {f'{k}_{i}': v for i, h in enumerate(hypers) for k, v in h.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+def _log_dir(learn, sub: str) -> str | None:
+    "`sub/` inside the learner's run directory (None without one: the tracker's own default)."
+    run = getattr(learn, 'pe_run', None)
+    return str(run.run_dir / sub) if run is not None else None
+
+def tensorboard_callback() -> Callback:
+    """fastai's `TensorBoardCallback` into the run directory's `tensorboard/`: losses, metrics and the numeric optimiser
+    hyper-parameters per step (no graph trace, no prediction images). Needs `pip install tensorboard` (the `tracking` extra)."""
+    from fastai.callback.tensorboard import TensorBoardCallback
+    class TensorBoard(TensorBoardCallback):
+        def __init__(self): super().__init__(trace_model=False, log_preds=False)
+        def before_fit(self):
+            if self.log_dir is None: self.log_dir = _log_dir(self.learn, 'tensorboard')
+            super().before_fit()
+        def after_batch(self):
+            if not self.training: return
+            self.writer.add_scalar('train_loss', self.smooth_loss, self.train_iter)
+            for k, v in _numbers(self.opt.hypers).items(): self.writer.add_scalar(k, v, self.train_iter)
+        def after_fit(self):
+            if getattr(self, 'writer', None) is not None: self.writer.flush()
+            super().after_fit()
+    return TensorBoard()
+
+def wandb_callback() -> Callback:
+    """fastai's `WandbCallback`, starting the wandb run itself (project `$WANDB_PROJECT` or pe_anchors, files in the run
+    directory, the run's config) and finishing it after the fit; numeric hyper-parameters only, no prediction tables.
+    Online it sends the metrics to Weights & Biases: refused unless the network is allowed or `WANDB_MODE=offline`.
+    Needs `pip install wandb` (the `tracking` extra)."""
+    if os.environ.get('WANDB_MODE', '').lower() not in WANDB_LOCAL:
+        check_offline("the wandb callback would send the run's metrics to Weights & Biases (set WANDB_MODE=offline to keep "
+                      "them on disk)")
+    import wandb
+    from fastai.callback.wandb import WandbCallback
+    class Wandb(WandbCallback):
+        def __init__(self): super().__init__(log_preds=False); self._mine = False
+        def before_fit(self):
+            if wandb.run is None and dist_info()[0] == 0:
+                wandb.init(project=os.environ.get('WANDB_PROJECT', 'pe_anchors'), dir=_log_dir(self.learn, '.'),
+                           config=getattr(self.learn, 'config', None))
+                self._mine = True
+            super().before_fit()
+        def after_batch(self):
+            if not (self.training and self.run): return
+            self._wandb_step += 1; self._wandb_epoch += 1 / self.n_iter
+            wandb.log({'epoch': self._wandb_epoch, 'train_loss': float(self.smooth_loss), **_numbers(self.opt.hypers)},
+                      step=self._wandb_step)
+        def after_fit(self):
+            super().after_fit()
+            if self._mine: wandb.finish(); self._mine = False
+    return Wandb()
 
 def make_callbacks(names: Sequence[str] | None,
                    allow_import: bool = False,   # also 'module:Class' (the user's own command line, never a file)
@@ -457,9 +534,12 @@ def make_callbacks(names: Sequence[str] | None,
                              "the command line asks for it (--cbs module:Class)")
         else: raise ValueError(f"unknown callback {name!r}; use one of {', '.join(CALLBACKS)}, or module:Class with --cbs")
         mod, cls = target.split(':', 1)
-        try: obj = getattr(importlib.import_module(mod), cls)
+        try:
+            obj = getattr(importlib.import_module(mod), cls)
+            factory = name in CALLBACKS and not isinstance(obj, type)      # a registered maker (imports its package)
+            if factory: out.append(obj()); continue
         except ImportError as e: raise ValueError(f"callback {name!r} needs a package that is not installed ({e.name}); "
-                                                  f"pip install {e.name}") from None
+                                                  f"pip install {e.name} (or pe_anchors[tracking])") from None
         except AttributeError: raise ValueError(f"{mod} has no callback {cls!r}") from None
         if not (isinstance(obj, type) and issubclass(obj, Callback)):
             raise ValueError(f"callback {name!r} is not a fastai Callback (a subclass of fastai.callback.core.Callback)")
@@ -528,6 +608,12 @@ def build_model(model: str,                        # timm name
                 model_kwargs: dict | None = None,  # extra timm.create_model kwargs (e.g. depth=2)
                ) -> nn.Module:
     "The network: a pe_vit model with PE `pe`, or any other timm model as timm defines it (its position is its own)."
+    if hub_name(model): check_offline(f"the model {model} (its config and weights, from the Hugging Face Hub) would be downloaded")
+    if (model_kwargs or {}).get('pretrained'):
+        check_offline(f"the pretrained weights of {model} (model_kwargs pretrained=True) would be downloaded")
+    if ':' not in model and not timm.is_model(model):            # (hub and local-dir names are timm's to resolve)
+        raise ValueError(f"unknown model {model!r}: not a timm model name (see timm.list_models(); this library's own "
+                         "are pe_vit_*, e.g. pe_vit_nano_patch2_16)")
     mkw, ours = dict(model_kwargs or {}), model_family(model) == 'pe_vit'
     if ours: mkw.update(pe=pe, style=mkw.get('style', style))
     elif pe != 'none' or rpt:                     # any other timm model (a CNN baseline, a timm ViT) is used as built

@@ -11,13 +11,14 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from .core import read_json, write_atomic
+from .core import N_PERMS, read_json, write_atomic
 
 # %% auto #0
-__all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC', 'DATASET_CLASSES', 'FS_CHANCE_FACTOR',
-           'result_row', 'result_frame', 'write_results', 'read_results', 'ssdc_metric', 'peak_rpi', 'with_peak_rpi',
-           'concat_results', 'one_dataset', 'gather', 'load_results', 'check_runs', 'main_rows', 'alpha_rows',
-           'fragility', 'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
+__all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'REQUIRED_COLUMNS', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC', 'SSDC_METRICS',
+           'DATASET_CLASSES', 'FS_CHANCE_FACTOR', 'result_row', 'result_frame', 'write_results', 'read_results',
+           'ssdc_metric', 'peak_rpi', 'with_peak_rpi', 'concat_results', 'one_dataset', 'gather', 'load_results',
+           'measurement', 'check_runs', 'main_rows', 'alpha_rows', 'fragility', 'fragility_frame',
+           'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
 
 # %% ../nbs/00_results.ipynb #4e4a890d
 RESULT_COLUMNS = ('experiment', 'dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity',
@@ -53,7 +54,7 @@ def write_results(df: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 def read_results(path: str | Path) -> pd.DataFrame:
-    "Read a results CSV with the table's column types; refuse a torn or altered file (sidecar hash, field counts)."
+    "Read a results CSV with the table's column types; refuse a torn or altered file (sidecar hash, field counts), missing columns and repeated rows."
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"no results file at {path}")
     raw = path.read_bytes()
@@ -67,10 +68,28 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if not rows: raise ValueError(f"{path} is empty")
     bad = [i + 1 for i, r in enumerate(rows) if len(r) != len(rows[0])]
     if bad: raise ValueError(f"{path} is torn: line {bad[0]} has {len(rows[bad[0] - 1])} fields, the header {len(rows[0])}")
+    again = [i + 1 for i, r in enumerate(rows[1:], 1) if r == rows[0]]
+    if again: raise ValueError(f"{path}: line {again[0]} repeats the header (two tables pasted together?): keep one copy of each row")
     df = pd.read_csv(io.StringIO(raw.decode()), dtype={c: str for c in ('experiment', 'dataset', 'condition', 'shift', 'severity', 'mode', 'stage', 'metric')})
+    missing = [c for c in REQUIRED_COLUMNS if c not in df]
+    if missing: raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}: a results table has "
+                                 f"{', '.join(REQUIRED_COLUMNS)} (see results.RESULT_COLUMNS); not a pe_anchors results file?")
     for c in ('shift', 'severity', 'experiment', 'dataset'):
         if c in df: df[c] = df[c].fillna('')
-    return _check_types(df, path)
+    return _no_repeats(_check_types(df, path), path)
+
+REQUIRED_COLUMNS = RESULT_COLUMNS[:12]                   # every reader needs these (the intervals may be absent)
+
+def _no_repeats(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    "Refuse two rows that measure the same thing (equal in every column but the numbers): a table pasted twice, a copy."
+    keys = [c for c in df.columns if c not in _FLOAT_COLUMNS or c == 'alpha']
+    key = [tuple(map(str, r)) for r in df[keys].itertuples(index=False)]          # NaN as 'nan', equal to itself
+    dup = pd.Series(key).duplicated(keep='first').to_numpy()
+    if dup.any():
+        j = int(np.flatnonzero(dup)[0]); i = key.index(key[j])
+        raise ValueError(f"{path}: line {j + 2} repeats line {i + 2} ({df['condition'].iloc[j]} seed {df['seed'].iloc[j]} "
+                         f"{df['metric'].iloc[j]}; {int(dup.sum())} repeated row(s)): remove the repeats (each measurement once)")
+    return df
 
 _INT_COLUMNS, _FLOAT_COLUMNS = ('seed', 'layer'), ('alpha', 'value', 'ci_low', 'ci_high', 'sd', 'min', 'max', 'n_perms',
                                                    'n_images', 'perm_seed')
@@ -189,12 +208,31 @@ def _against_experiment(cfg: dict, exp: dict) -> list[str]:
     if _json(exp.get('model_kwargs') or {}) != s['model_kwargs']: out.append('model_kwargs')
     return out                          # (the data may be a prebuilt dataset passed to the run: compared across runs only)
 
+SSDC_METRICS = ('ssdc', 'ssdc_image', 'delta_ssdc')     # the rows whose n_images / n_perms are the SSDC measurement's
+
+def measurement(df: pd.DataFrame) -> dict:
+    "The measurement settings a run's rows record: the SSDC images (`n_images`) and RPI draws (`n_perms`) each takes."
+    d = df[df['metric'].isin(SSDC_METRICS)] if 'metric' in df else df.iloc[:0]
+    vals = lambda s: sorted(int(v) for v in s.dropna().unique())
+    return dict(n_images=vals(d['n_images']) if 'n_images' in d else [],
+                n_perms=vals(d.loc[d['mode'] != 'normal', 'n_perms']) if 'n_perms' in d and 'mode' in d else [])
+
+def _measured_against(got: dict, exp: dict, sample: int | None) -> list[str]:
+    "Where a run's `measurement` contradicts the experiment's: its `n_perms`, and `ssdc_images` (the SSDC sample's size, if recorded)."
+    want_p, want_n = exp.get('n_perms', N_PERMS), sample if sample is not None else exp.get('ssdc_images')
+    out = [f"n_perms {', '.join(map(str, got['n_perms']))}"] if any(p != want_p for p in got['n_perms']) else []
+    # without the sample's record, fewer images than asked is the whole (smaller) split: compared across runs instead
+    if want_n is not None and any(n != want_n and (sample is not None or n > want_n) for n in got['n_images']):
+        out.append(f"n_images {', '.join(map(str, got['n_images']))}")
+    return out
+
 def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = None):
     "Refuse a finished run that is not a run of the directory's experiment (see above); `frames`: its tables, if read."
     out_dir = Path(out_dir)
     if frames is None: frames = {str(f.relative_to(out_dir)): read_results(f) for f in sorted((out_dir / 'runs').glob('*/results.csv'))}
     exp = read_json(out_dir / 'experiment.json') if (out_dir / 'experiment.json').exists() else None
-    seen = {}
+    sample = read_json(out_dir / 'ssdc_sample.json').get('n_images') if (out_dir / 'ssdc_sample.json').exists() else None
+    seen, measured = {}, {}
     for key, df in frames.items():
         run = Path(key).parent                                              # runs/<condition>-s<seed>
         cfg_path = out_dir / run / 'train' / 'config.json'
@@ -220,6 +258,19 @@ def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = Non
             diff = _against_experiment(cfg, exp)
             if diff: raise ValueError(f"{run} was trained with another setting than this experiment (differs in "
                                       f"{', '.join(diff)}); move it out of {out_dir}")
+            diff = _measured_against(measurement(df), exp, sample)
+            if diff: raise ValueError(f"{run} was measured with other settings than this experiment ({'; '.join(diff)}; the "
+                                      f"experiment's: n_images {sample or exp.get('ssdc_images')}, n_perms: "
+                                      f"{exp.get('n_perms', N_PERMS)}): its numbers would be averaged with the others'; "
+                                      f"move it out of {out_dir} or measure it again")
+        got = measurement(df)
+        for other, m in measured.items():
+            diff = [k for k in got if got[k] and m[k] and got[k] != m[k]]
+            if diff: raise ValueError(f"{run} and {other} were measured with other settings (differ in "
+                                      f"{', '.join(f'{k} {got[k]} against {m[k]}' for k in diff)}): their numbers do not "
+                                      f"average; move the foreign one out of {out_dir} or measure it again")
+            break
+        measured[run] = got
         setting = _setting(cfg)
         for other, s in seen.items():
             diff = _setting_diff(s, setting)
@@ -227,7 +278,6 @@ def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = Non
                                       f"they are not runs of one experiment; move the foreign one out of {out_dir}")
             break                                                           # all earlier ones agree with the first
         seen[run] = setting
-
 
 # %% ../nbs/00_results.ipynb #ebfa85bf
 def main_rows(df: pd.DataFrame) -> pd.DataFrame:

@@ -146,7 +146,10 @@ def blur_matrix(n: int, sigma: float, kernel_size: int, device=None,
     if check_choice('blur padding', padding, BLUR_PADDINGS) == 'reflect' and r >= n:
         raise ValueError(f"kernel_size {kernel_size} is too large for a side of {n} px (reflect padding needs "
                          f"kernel_size // 2 < {n}); use a smaller kernel or sigma")
-    w = gaussian_kernel1d(sigma, kernel_size).double()
+    if dtype == torch.float64:                   # weights that sum to 1 in float64: a flat region keeps its exact level
+        t = torch.arange(-r, r + 1, dtype=torch.float64)
+        w = torch.exp(-0.5 * (t / sigma) ** 2); w = w / w.sum()
+    else: w = gaussian_kernel1d(sigma, kernel_size).double()   # the float32 kernel torchvision uses (rounded: exact enough)
     i = torch.arange(n)[:, None].expand(n, kernel_size)                          # (n, k) output pixel
     j = i + torch.arange(-r, r + 1)                                              # (n, k) input pixel, unpadded
     if padding == 'reflect': j = torch.where(j < 0, -j, torch.where(j > n - 1, 2 * (n - 1) - j, j))  # edge not repeated

@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_vit.ipynb #8e8d792b
 from __future__ import annotations
-import json, os, shutil, tempfile
+import errno, json, os, shutil, tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -16,16 +16,16 @@ from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
 from fastcore.basics import patch
 
-from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, current_umask, grid_hw, image_perms
+from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, check_offline, current_umask, grid_hw, hub_name, image_perms
 from .pos_embed import apply_rope, create_pos_embed, PE_NAMES
 from .anatomy import anatomy, model_family, register_family
 
 # %% auto #0
 __all__ = ['QKV_PROJECTIONS', 'MODEL_STYLES', 'GLOBAL_POOLS', 'MODEL_CONFIGS', 'HUB_SOURCES', 'TAP_POINTS', 'PERM_MODES',
-           'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'ConvQKV', 'Attention', 'Block', 'PEViT', 'create_pe_vit',
-           'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32', 'pe_vit_nano_patch2_16',
-           'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'Recorded', 'TokenRecorder', 'apply_token_perm',
-           'TokenPermutation', 'save_checkpoint', 'load_checkpoint', 'save_hub']
+           'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'DISK_ERRORS', 'ConvQKV', 'Attention', 'Block', 'PEViT',
+           'create_pe_vit', 'pe_vit_small_patch16_224', 'pe_vit_small_patch16_224_h6', 'pe_vit_tiny_patch4_32',
+           'pe_vit_nano_patch2_16', 'pe_vit_nano_patch4_32', 'pe_vit_nano_patch1_8', 'Recorded', 'TokenRecorder',
+           'apply_token_perm', 'TokenPermutation', 'save_checkpoint', 'load_checkpoint', 'save_hub']
 
 # %% ../nbs/02_vit.ipynb #91a9cf90
 QKV_PROJECTIONS = ('linear', 'conv')
@@ -184,7 +184,7 @@ class PEViT(nn.Module):
         self.pos_embed = create_pos_embed(pe, self.grid_size, embed_dim, num_heads, depth=depth,
                                           num_prefix_tokens=self.num_prefix_tokens, **(pe_kwargs or {}))
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()   # on the CPU also when built on the meta device
         attn = dict(qkv_proj=qkv_proj, grid_size=self.grid_size, qkv_kernel=qkv_kernel,
                     num_prefix_tokens=self.num_prefix_tokens, qkv_padding=qkv_padding)
         # 'released' drops only on the attention weights and the MLP hidden layer (plus the embedding, above)
@@ -610,6 +610,14 @@ def load_checkpoint(path: str | Path, map_location: str = 'cpu',
     name, kwargs = meta.get('model_name'), json.loads(meta.get('model_kwargs') or '{}')
     if not name: name, kwargs = model_name, dict(model_kwargs or {})
     if not name: raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint); pass model_name=")
+    if hub_name(name):
+        check_offline(f"the model {name} its metadata names (config and weights, from the Hugging Face Hub) would be downloaded",
+                      str(path))
+    if {**kwargs, **overrides}.get('pretrained'):
+        check_offline(f"the pretrained weights of {name} (pretrained=True in its metadata) would be downloaded", str(path))
+    if ':' not in name and not timm.is_model(name):
+        raise ValueError(f"{path} holds a {name!r} model, which this timm ({timm.__version__}) does not know: install the "
+                         "library that registers it (import it first), or a timm version that has it")
     model = timm.create_model(name, **{**kwargs, **overrides})          # the pe_vit_* names are registered in timm too
     try: model.load_state_dict(load_file(str(path), device=map_location))
     except RuntimeError as e: raise ValueError(f"{path} does not match its own model config: {str(e).splitlines()[0]}") from None
@@ -664,6 +672,8 @@ def _model_card(name: str, model: nn.Module, rec: dict, card: dict) -> str:
             '```', '']
     return '\n'.join(head + body)
 
+DISK_ERRORS = {errno.ENOSPC: 'No space left on device', errno.EDQUOT: 'Disk quota exceeded', errno.EROFS: 'Read-only file system'}
+
 def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.create_model, load_checkpoint) or any timm model
              out_dir: str | Path,         # the folder to create: config.json, model.safetensors, README.md
              card: dict | None = None,    # model-card rows (condition, data, recipe, accuracy, ssdc, ...), title, license
@@ -680,7 +690,11 @@ def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.c
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f'.{out.name}.', suffix='.tmp'))
     try:
-        save_for_hf(model, tmp, model_config={'pe_anchors': rec}, model_args=kwargs, safe_serialization=True)
+        try: save_for_hf(model, tmp, model_config={'pe_anchors': rec}, model_args=kwargs, safe_serialization=True)
+        except Exception as e:                                     # safetensors wraps a full disk in its own error
+            code = next((c for c, words in DISK_ERRORS.items() if words in str(e) or f'os error {c})' in str(e)), None)
+            if code is None or isinstance(e, OSError) and e.filename: raise
+            raise OSError(code, DISK_ERRORS[code], str(out / 'model.safetensors')) from e
         (tmp / 'README.md').write_text(_model_card(name, model, rec, card), encoding='utf-8')
         os.chmod(tmp, 0o777 & ~current_umask())
         os.replace(tmp, out)                                       # complete or absent, never half written

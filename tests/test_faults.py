@@ -167,10 +167,9 @@ def test_a_diverging_run_stops_with_a_message(small, tmp_path):
 
 # ---------------------------------------------------------------- 8. late failures and locked directories
 def test_bad_experiments_fail_before_anything_is_written(tmp_path):
-    bad = [preset('digits', train_kwargs=dict(epochs=1, lrr=1)), preset('digits', model_kwargs=dict(depth=1)),
-           preset('digits', model_kwargs=dict(dept=2))]
-    for exp, msg in zip(bad, ('unknown recipe field', 'needs at least 2', 'do not fit')):
-        with pytest.raises(ValueError, match=msg): run_experiment(exp, tmp_path / 'e', device='cpu', show=False)
+    bad = [dict(train_kwargs=dict(epochs=1, lrr=1)), dict(model_kwargs=dict(depth=1)), dict(model_kwargs=dict(dept=2))]
+    for kw, msg in zip(bad, ('unknown recipe field', 'needs at least 2', 'do not fit')):    # refused when made, or when run
+        with pytest.raises(ValueError, match=msg): run_experiment(preset('digits', **kw), tmp_path / 'e', device='cpu', show=False)
         assert not (tmp_path / 'e' / 'experiment.json').exists()
     with pytest.raises(ValueError, match="shard must be"): run_experiment(preset('digits'), tmp_path / 'e', shard='x')
     assert not (tmp_path / 'e').exists()

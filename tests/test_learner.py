@@ -331,3 +331,46 @@ def test_run_config_and_open_run(small, tmp_path):
     assert run.run_dir == tmp_path / 'run' and start == 1                      # resumed after its last checkpoint
     run, start = open_run(tmp_path / 'run', learn.config, learn.model, resume=False)
     assert start == 0 and not (tmp_path / 'run' / 'checkpoints').exists()      # cleared
+
+
+# ---------------------------------------------------------------- trackers (the `tracking` extra: tensorboard, wandb)
+def _train_with(cb: str, out: Path, capsys) -> int:
+    from pe_anchors.cli import main
+    rc = main(['train', '--out', str(out), '--epochs', '1', '--bs', '256', '--cbs', cb, '--quiet', '--device', 'cpu'])
+    assert rc == 0, capsys.readouterr().err
+    assert len((out / 'metrics.csv').read_text().splitlines()) == 2            # the run's own record is unchanged
+    return rc
+
+
+def test_a_digits_run_with_tensorboard(tmp_path, capsys, monkeypatch):
+    pytest.importorskip('tensorboard', reason='tensorboard is not installed (pip install "pe_anchors[tracking]")')
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    monkeypatch.chdir(tmp_path)                                                  # nothing written outside the run
+    _train_with('tensorboard', tmp_path / 'run', capsys)
+    logs = list((tmp_path / 'run' / 'tensorboard').glob('events.out.tfevents.*'))
+    assert len(logs) == 1 and not (tmp_path / 'runs').exists()
+    acc = EventAccumulator(str(logs[0])); acc.Reload()
+    tags = acc.Tags()['scalars']
+    assert {'train_loss', 'valid_loss', 'accuracy', 'lr_0'} <= set(tags), tags
+    assert len(acc.Scalars('train_loss')) == 1437 // 256                         # one point per training step
+
+
+def test_a_digits_run_with_wandb_offline(tmp_path, capsys, monkeypatch):
+    pytest.importorskip('wandb', reason='wandb is not installed (pip install "pe_anchors[tracking]")')
+    monkeypatch.setenv('WANDB_MODE', 'offline'); monkeypatch.setenv('WANDB_SILENT', 'true'); monkeypatch.chdir(tmp_path)
+    _train_with('wandb', tmp_path / 'run', capsys)
+    runs = list((tmp_path / 'run' / 'wandb').glob('offline-run-*'))
+    assert len(runs) == 1 and list(runs[0].glob('*.wandb')), list((tmp_path / 'run').rglob('*'))
+    import wandb
+    assert wandb.run is None                                                     # finished after the fit
+
+
+def test_wandb_online_needs_the_network_asked_for(tmp_path, capsys, monkeypatch):
+    pytest.importorskip('wandb', reason='wandb is not installed (pip install "pe_anchors[tracking]")')
+    from pe_anchors.cli import main
+    from pe_anchors.core import NETWORK_ENV
+    monkeypatch.delenv('WANDB_MODE', raising=False); monkeypatch.delenv(NETWORK_ENV, raising=False)
+    rc = main(['train', '--out', str(tmp_path / 'run'), '--epochs', '1', '--cbs', 'wandb', '--quiet'])
+    err = capsys.readouterr().err
+    assert rc == 2 and 'Weights & Biases' in err and 'WANDB_MODE=offline' in err and '--allow-network' in err, err
+    assert not (tmp_path / 'run').exists()                                       # refused before anything ran

@@ -432,3 +432,13 @@ def test_one_normalisation_for_training_evaluation_and_shifts():
     ref = (x.double() / 255 - torch.tensor(d.mean, dtype=torch.float64)[:, None, None]) / torch.tensor(d.std, dtype=torch.float64)[:, None, None]
     torch.testing.assert_close(f(x).double(), ref, rtol=1e-6, atol=1e-6)         # the formula, written out
     with pytest.raises(ValueError, match='normalize must be'): make_normalize((1, 2, 3))
+
+
+@pytest.mark.parametrize('severity', ['paper', 1, 2, 3, 4, 5])
+def test_blur_keeps_flat_images_at_their_level(severity):
+    "A flat image is a fixed point of any normalised blur: every level stays itself (it came out one darker at 4-5)."
+    from pe_anchors.robustness import make_shift
+    for size, levels in ((64, torch.arange(256)), (224, torch.tensor([0, 1, 127, 128, 254, 255]))):
+        x = levels.to(torch.uint8).view(-1, 1, 1, 1).expand(-1, 3, size, size).contiguous()       # flat images
+        s = make_shift('blur', severity, img_size=size, ref_size=size)
+        assert torch.equal(s(x), x), (severity, size, s.description())
