@@ -21,7 +21,7 @@ def installed():
 
 def test_help_everywhere(installed):
     r = run('--help'); assert r.returncode == 0 and 'demo' in r.stdout and 'sweep' in r.stdout
-    for cmd in ('demo', 'train', 'analyze', 'sweep', 'report', 'export', 'bench', 'atlas'):
+    for cmd in ('demo', 'train', 'analyze', 'sweep', 'report', 'export', 'study', 'bench', 'atlas'):
         r = run(cmd, '--help'); assert r.returncode == 0 and 'usage: pe_anchors ' + cmd in r.stdout, cmd
 
 
@@ -43,11 +43,17 @@ def test_demo_small_then_report_and_analyze(installed, tmp_path):
     assert (out / 'report' / 'report.md').exists() and (out / 'results.csv').exists()
     assert 'ours:' in r.stdout and 'report:' in r.stdout
     r = run('report', str(out)); assert r.returncode == 0 and 'report:' in r.stdout
-    r = run('analyze', str(out / 'runs' / 'ape-s0' / 'train'), '--ssdc-images', '32', '--n-perms', '2',
-            '--out', str(tmp_path / 'a.csv'))
+    for level in ('', 'train', 'model', 'train/model.safetensors'):      # a run at each of its natural levels
+        r = run('analyze', str(out / 'runs' / 'ape-s0' / level), '--ssdc-images', '32', '--n-perms', '2',
+                '--out', str(tmp_path / f'a{len(level)}'))
+        assert r.returncode == 0, (level, r.stderr)
+        assert (tmp_path / f'a{len(level)}' / 'analysis.csv').exists() and 'rpi' in r.stdout
+        assert 'peak RPI-SSDC' in r.stdout                              # where anchoring forms, beside ΔSSDC
+    r = run('study', str(out), '--resolution', '--sizes', '16', '24', '--quiet')   # the kept models, asked again
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / 'a.csv').exists() and 'rpi' in r.stdout
-    assert 'peak RPI-SSDC' in r.stdout                                  # where anchoring forms, beside ΔSSDC
+    assert (out / 'resolution.csv').exists() and 'index' in r.stdout
+    r = run('study', str(out))
+    assert r.returncode == 2 and 'say what to study' in r.stderr
 
 
 def test_export_writes_a_hub_folder_that_timm_loads(installed, tmp_path):
