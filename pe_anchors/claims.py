@@ -145,7 +145,7 @@ def _check_rope(ev: Evidence) -> Outcome:
                                           (f"RoPE's rise, layer {L} − layer 1", rise)])
 
 def _check_static_prior(ev: Evidence) -> Outcome:
-    ls = layers(ev.df, 'nope', 'normal', 'untrained')
+    ls = layers(ev.df, 'nope', 'normal', 'untrained', every_seed=True)
     if not ls: raise Missing("NoPE: SSDC at initialisation")
     vals = {l: per_seed(ev.df, 'nope', ssdc(l), 'untrained') for l in ls}
     l = min(vals, key=lambda k: vals[k].mean())
@@ -216,6 +216,9 @@ def _removed(ev: Evidence, c: str, lo: float) -> tuple:
     "How much peak RPI-SSDC scaling to α = `lo` removes, or what is missing to say it."
     try: return (f"peak RPI-SSDC α = 1 − α = {lo:g}", ev.within(c, peak().at(1.), peak().at(lo)))
     except Missing: return ("anchoring removed per α", "missing: the sweep recorded ΔSSDC only, not the RPI curve per α")
+    except TooFewSeeds:                              # the per-α curve measured on some seeds only
+        n = len(ev.values(c, peak().at(lo)))
+        return ("anchoring removed per α", f"measured on {n} seed(s) only: the RPI curve per α is needed from every seed")
 
 def _check_alpha_delta(c: str):
     def check(ev: Evidence) -> Outcome:

@@ -111,10 +111,16 @@ def has(df: pd.DataFrame, condition: str, q: Quantity, stage: str = 'trained') -
     try: per_seed(df, condition, q, stage); return True
     except Missing: return False
 
-def layers(df: pd.DataFrame, condition: str, mode: str = 'rpi', stage: str = 'trained') -> list[int]:
+def layers(df: pd.DataFrame, condition: str, mode: str = 'rpi', stage: str = 'trained',
+           every_seed: bool = False,      # only the layers every seed of the condition measured (not the output tap of some)
+          ) -> list[int]:
     "The layers of one condition's SSDC curve (unpermuted or under RPI), shallow to deep."
     d = _rows(df, condition, Quantity('ssdc', mode), stage)
-    return sorted(int(l) for l in d['layer'].unique() if l >= 0)
+    d = d[d['layer'] >= 0]
+    if every_seed and len(d):
+        n = d['seed'].nunique()
+        return sorted(int(l) for l, g in d.groupby('layer') if g['seed'].nunique() == n)
+    return sorted(int(l) for l in d['layer'].unique())
 
 # %% ../nbs/10b_measures.ipynb #8a48582b
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from .core import condition_label, condition_order
 from .paper import PAPER_ALPHA, PAPER_LABEL, PAPER_TABLE5
 from .results import (FS_CHANCE_FACTOR, PEAK_METRIC, alpha_rows, chance_level, main_rows, near_chance,
                                 with_peak_rpi)
-from .stats import fmt_p
+from .stats import p_is
 from .measures import (Measure, Missing, Quantity, acc, delta, fmt3, fs, has, layers, measure, peak, per_seed,
                                  reference_sd, rpi, rpi_mode, ssdc)
 from .claims import anchoring, verdicts
@@ -159,7 +159,7 @@ def verdict_table(v: pd.DataFrame, kind: str = 'test') -> pd.DataFrame:
     d = v[v['kind'] == kind]
     out = pd.DataFrame({'claim': d['claim'], 'paper': d['paper'], 'ours: effect [interval]': [_effect(r) for _, r in d.iterrows()],
                         'interval': d.get('interval', '95%'),
-                        'test, n, p': [f"{r['test']}, {r['n']}, p = {fmt_p(r['p'])}" if r['test'] else '–' for _, r in d.iterrows()],
+                        'test, n, p': [f"{r['test']}, {r['n']}, {p_is(r['p'])}" if r['test'] else '–' for _, r in d.iterrows()],
                         'verdict': d['verdict']})
     if kind != 'test': out['why a sanity check'] = d['reason'].values
     else: out['at initialisation'] = d['untrained'].values
