@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #0735d258
 from __future__ import annotations
-import json, math, os, platform, re, shutil, sys, tempfile, time
+import errno, json, math, os, platform, sys, tempfile, time
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -14,12 +14,12 @@ from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
 __all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN',
-           'IMAGENET_STD', 'N_PERMS', 'LEFTOVERS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
+           'IMAGENET_STD', 'N_PERMS', 'DISK_ERRORS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
            'NetworkRefused', 'check_offline', 'hub_name', 'image_rng', 'image_perms', 'condition_spec',
            'condition_model_kwargs', 'condition_label', 'condition_order', 'show_progress', 'pbar', 'default_device',
            'cpu_name', 'hardware_info', 'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores', 'auto_threads',
            'set_threads', 'run_perm_seed', 'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic',
-           'current_umask', 'read_json', 'RunLock', 'remove_leftovers']
+           'current_umask', 'read_json', 'disk_error']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -288,51 +288,12 @@ def read_json(path: str | Path) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is damaged ({e.msg} at line {e.lineno}); delete it to recompute it") from None
 
-class RunLock:
-    "Non-blocking lock on a directory, exclusive or `shared` (re-entrant within a process); `.acquired` says whether it is held."
-    _held: dict = {}                                   # lock file -> [fd, count] held by this process
-    def __init__(self, directory: str | Path, shared: bool = False):
-        self.path, self.shared, self.acquired = Path(directory) / '.lock', shared, False
-    def __enter__(self) -> 'RunLock':
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        key = str(self.path.resolve())
-        if key in RunLock._held: RunLock._held[key][1] += 1; self.acquired = True; return self
-        try:
-            import fcntl
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try: fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-            except BlockingIOError: os.close(fd); return self
-        except ImportError:                                                     # no fcntl (Windows): shared is free
-            if self.shared: fd = None
-            else:
-                try: fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR)
-                except FileExistsError: return self
-        RunLock._held[key], self.acquired = [fd, 1], True
-        return self
-    def __exit__(self, *exc):
-        if not self.acquired: return
-        self.acquired = False
-        key = str(self.path.resolve())
-        held = RunLock._held.get(key)
-        if held is None: return
-        held[1] -= 1
-        if held[1] > 0: return
-        del RunLock._held[key]
-        if held[0] is None: return
-        try:
-            import fcntl; fcntl.flock(held[0], fcntl.LOCK_UN); os.close(held[0])
-        except ImportError: os.close(held[0]); self.path.unlink(missing_ok=True)
+DISK_ERRORS = {errno.ENOSPC: 'No space left on device', errno.EDQUOT: 'Disk quota exceeded', errno.EROFS: 'Read-only file system'}
 
-# the names `write_atomic` / `save_checkpoint` (mkstemp) and checkpoints (mkdtemp) give their temporary files and folders
-LEFTOVERS = re.compile(r'^\..+\.[a-z0-9_]{8}\.tmp$|^\.tmp_epoch_\d{3}_[a-z0-9_]{8}$')
-
-def remove_leftovers(directory: str | Path) -> list[Path]:
-    "Delete the temporary files and folders that killed writers left in `directory` (call it holding its lock)."
-    d, gone = Path(directory), []
-    if not d.is_dir(): return gone
-    for p in sorted(p for p in d.iterdir() if LEFTOVERS.match(p.name)):
-        try: shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        except FileNotFoundError: continue
-        gone.append(p)
-    return gone
+def disk_error(e: BaseException, where: str | Path) -> OSError | None:
+    "The `OSError` that `e` is when a full, over-quota or read-only disk caused it (also wrapped by safetensors), naming `where`; else None."
+    if isinstance(e, OSError):
+        return OSError(e.errno, e.strerror, str(where)) if e.errno in DISK_ERRORS and not e.filename else None
+    code = next((c for c, words in DISK_ERRORS.items() if words in str(e) or f'os error {c})' in str(e)), None)
+    return None if code is None else OSError(code, DISK_ERRORS[code], str(where))
 

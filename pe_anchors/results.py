@@ -12,13 +12,14 @@ import numpy as np
 import pandas as pd
 
 from .core import N_PERMS, read_json, write_atomic
+from .rundir import ExperimentDir, RunDir, checksum_file, config_diff, find_experiment, run_setting
 
 # %% auto #0
 __all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'REQUIRED_COLUMNS', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC', 'SSDC_METRICS',
            'DATASET_CLASSES', 'FS_CHANCE_FACTOR', 'result_row', 'result_frame', 'write_results', 'read_results',
-           'ssdc_metric', 'peak_rpi', 'with_peak_rpi', 'concat_results', 'one_dataset', 'gather', 'load_results',
-           'measurement', 'check_runs', 'main_rows', 'alpha_rows', 'fragility', 'fragility_frame',
-           'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
+           'ssdc_metric', 'peak_rpi', 'with_peak_rpi', 'concat_results', 'one_dataset', 'gather', 'disagreement',
+           'experiment_rows', 'load_results', 'measurement', 'check_runs', 'main_rows', 'alpha_rows', 'fragility',
+           'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
 
 # %% ../nbs/00_results.ipynb #4e4a890d
 RESULT_COLUMNS = ('experiment', 'dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity',
@@ -50,7 +51,7 @@ def write_results(df: pd.DataFrame, path: str | Path) -> Path:
     "Write a results table as CSV (atomically) with its `.sha256` sidecar (hash and row count)."
     text = df.to_csv(index=False)
     path = write_atomic(path, text)
-    write_atomic(str(path) + '.sha256', json.dumps(dict(sha256=hashlib.sha256(text.encode()).hexdigest(), rows=len(df))))
+    write_atomic(checksum_file(path), json.dumps(dict(sha256=hashlib.sha256(text.encode()).hexdigest(), rows=len(df))))
     return path
 
 def read_results(path: str | Path) -> pd.DataFrame:
@@ -58,7 +59,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"no results file at {path}")
     raw = path.read_bytes()
-    side = Path(str(path) + '.sha256')
+    side = checksum_file(path)
     if side.exists():
         try: want = json.loads(side.read_text())
         except json.JSONDecodeError: raise ValueError(f"{side} is damaged (not JSON): delete it and the CSV, and rerun") from None
@@ -110,7 +111,7 @@ def _check_types(df: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 # %% ../nbs/00_results.ipynb #ad9e287b
 SSDC_MODE_METRIC = {'normal': 'ssdc', 'rpi': 'ssdc', 'rpi_image': 'ssdc_image'}   # SSDC mode -> the metric its values are
-RPI_MODES = ('rpi', 'rpi_image')
+RPI_MODES = tuple(m for m in SSDC_MODE_METRIC if m != 'normal')   # the modes of Random Permutation at Inference
 PEAK_METRIC = 'peak_ssdc'         # derived: an RPI curve's largest value over layers; its row's `layer` is where
 
 def ssdc_metric(mode: str) -> str:
@@ -169,45 +170,69 @@ def one_dataset(df: pd.DataFrame, what: str) -> pd.DataFrame:
     return df
 
 def gather(out_dir: str | Path, write: bool = True) -> pd.DataFrame:
-    "Every finished run of an experiment directory, checked and combined, with the derived rows (written to `results.csv`)."
-    out_dir = Path(out_dir)
-    files = sorted((out_dir / 'runs').glob('*/results.csv'))
-    if not files: raise FileNotFoundError(f"no finished runs under {out_dir / 'runs'} (run the experiment first)")
-    frames = {str(f.relative_to(out_dir)): read_results(f) for f in files}
-    check_runs(out_dir, frames)
+    "Every finished run of an experiment directory, checked and combined, with the derived rows (written to its `results.csv`)."
+    ed = ExperimentDir(out_dir)
+    files = ed.run_tables()
+    if not files: raise FileNotFoundError(f"no finished runs under {ed.runs_dir} (run the experiment first)")
+    frames = {k: read_results(f) for k, f in files.items()}
+    check_runs(ed.path, frames)
     df = with_peak_rpi(concat_results(frames))                 # + the derived rows (see above)
-    if write: write_results(df, out_dir / 'results.csv')
+    if write: write_results(df, ed.results)
     return df
 
+def disagreement(runs: pd.DataFrame, table: pd.DataFrame) -> str:
+    "How an experiment's table differs from its runs' tables gathered: runs one of them lacks, rows missing or different ('' when they agree)."
+    name = lambda pairs: ', '.join(RunDir.name(c, s) for c, s in sorted(pairs))
+    ra, rb = (set(zip(t['condition'].astype(str), t['seed'].astype(int))) for t in (runs, table))
+    out = [f"run(s) {name(ra - rb)} missing from the table"] if ra - rb else []
+    if rb - ra: out.append(f"run(s) {name(rb - ra)} in the table but not under runs/")
+    cols = list(dict.fromkeys([*runs.columns, *table.columns]))
+    keys = [c for c in KEY_COLUMNS if c in cols]
+    other = [c for c in cols if c not in keys]
+    canon = lambda t: (lambda d: d.astype(object).where(d.notna(), '').astype(str))(t.reindex(columns=cols))
+    a, b = canon(runs), canon(table)                      # every cell as text, a missing value as ''
+    m = a.merge(b, on=keys, how='outer', suffixes=('', '~'), indicator=True)
+    for what, side in (('only under runs/', 'left_only'), ('only in the table', 'right_only')):
+        n = int((m['_merge'] == side).sum())
+        if n: out.append(f"{n} row(s) {what}")
+    both = m[m['_merge'] == 'both']
+    changed = both[np.logical_or.reduce([both[c] != both[c + '~'] for c in other])] if other and len(both) else both.iloc[:0]
+    if len(changed):
+        r = changed.iloc[0]
+        col = next(c for c in other if r[c] != r[c + '~'])
+        out.append(f"{len(changed)} row(s) with other values, e.g. {r['condition']} seed {r['seed']} {r['metric']} {r['mode']} "
+                   f"layer {r['layer']}: {col} {r[col]} under runs/, {r[col + '~']} in the table")
+    return '; '.join(out)
+
+def experiment_rows(path: str | Path) -> pd.DataFrame:
+    """The rows of an experiment directory or results folder: its runs' tables gathered (and checked), which its own
+    table, where it has one, must repeat exactly; where they disagree, a one-line error says how."""
+    ed = ExperimentDir(path)
+    runs = gather(ed.path, write=False) if ed.run_tables() else None
+    if not ed.results.exists():
+        if runs is None: raise FileNotFoundError(f"no finished runs under {ed.runs_dir} and no {ed.results.name} in "
+                                                 f"{ed.path} (run the experiment first)")
+        return runs
+    table = with_peak_rpi(one_dataset(read_results(ed.results), str(ed.results)))
+    if runs is None: return table
+    why = disagreement(runs, table)
+    if why: raise ValueError(f"{ed.results} disagrees with the runs under {ed.runs_dir} ({why}): write it again from "
+                             f"the runs, pe_anchors.results.gather({str(ed.path)!r}), or move the foreign run out")
+    return runs
+
 def load_results(path: str | Path) -> pd.DataFrame:
-    "A results table of one dataset, with the derived rows, from an experiment directory (its finished runs, checked) or a CSV."
+    """A results table of one dataset, with the derived rows: an experiment's (its directory, or its `results.csv`: the
+    runs' tables and its own, which must agree, see `experiment_rows`), or any other results CSV."""
     p = Path(path)
-    if p.is_dir(): return gather(p, write=False)
+    try: ed = find_experiment(p)
+    except (ValueError, FileNotFoundError): ed = None
+    if ed is not None and (p.is_dir() or ed.runs_dir.is_dir()): return experiment_rows(ed.path)
     if p.is_file(): return with_peak_rpi(one_dataset(read_results(p), str(p)))
+    if p.is_dir(): return experiment_rows(p)
     raise FileNotFoundError(f"no experiment directory or results file at {p}")
 
+
 # %% ../nbs/00_results.ipynb #537c833f
-def _json(o): return json.loads(json.dumps(o))                         # tuples as lists, as the files hold them
-
-def _setting(cfg: dict) -> dict:
-    "What every run of one experiment shares in its `train/config.json` (the data without its location on disk)."
-    data = {k: v for k, v in (cfg.get('data') or {}).items() if k != 'path'}
-    return _json(dict(recipe=cfg.get('recipe') or {}, model=cfg.get('model'), model_kwargs=cfg.get('model_kwargs') or {},
-                      num_classes=cfg.get('num_classes'), data=data))
-
-def _setting_diff(a: dict, b: dict) -> list[str]:
-    "Fields of two settings that differ; recipe fields only one of them records (added later) are not compared."
-    out = [f'recipe.{k}' for k in sorted(set(a['recipe']) & set(b['recipe'])) if a['recipe'][k] != b['recipe'][k]]
-    return out + [k for k in ('model', 'model_kwargs', 'num_classes', 'data') if a[k] != b[k]]
-
-def _against_experiment(cfg: dict, exp: dict) -> list[str]:
-    "Fields where a run's config contradicts what `experiment.json` sets."
-    s, out = _setting(cfg), []
-    out += [f'recipe.{k}' for k, v in sorted(_json(exp.get('train_kwargs') or {}).items()) if k in s['recipe'] and s['recipe'][k] != v]
-    if exp.get('model') and s['model'] != exp['model']: out.append('model')
-    if _json(exp.get('model_kwargs') or {}) != s['model_kwargs']: out.append('model_kwargs')
-    return out                          # (the data may be a prebuilt dataset passed to the run: compared across runs only)
-
 SSDC_METRICS = ('ssdc', 'ssdc_image', 'delta_ssdc')     # the rows whose n_images / n_perms are the SSDC measurement's
 
 def measurement(df: pd.DataFrame) -> dict:
@@ -228,21 +253,24 @@ def _measured_against(got: dict, exp: dict, sample: int | None) -> list[str]:
 
 def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = None):
     "Refuse a finished run that is not a run of the directory's experiment (see above); `frames`: its tables, if read."
-    out_dir = Path(out_dir)
-    if frames is None: frames = {str(f.relative_to(out_dir)): read_results(f) for f in sorted((out_dir / 'runs').glob('*/results.csv'))}
-    exp = read_json(out_dir / 'experiment.json') if (out_dir / 'experiment.json').exists() else None
-    sample = read_json(out_dir / 'ssdc_sample.json').get('n_images') if (out_dir / 'ssdc_sample.json').exists() else None
+    ed = ExperimentDir(out_dir)
+    out_dir = ed.path
+    if frames is None: frames = {k: read_results(f) for k, f in ed.run_tables().items()}
+    exp = read_json(ed.experiment) if ed.experiment.exists() else None
+    sample = read_json(ed.sample).get('n_images') if ed.sample.exists() else None
     seen, measured = {}, {}
     for key, df in frames.items():
-        run = Path(key).parent                                              # runs/<condition>-s<seed>
-        cfg_path = out_dir / run / 'train' / 'config.json'
-        if not cfg_path.exists():
+        rd = RunDir(out_dir / Path(key).parent)
+        run = rd.path.relative_to(out_dir)                                  # runs/<condition>-s<seed>
+        if not rd.train.config.exists():
             if exp is None: continue                                        # a table put there by hand: duplicates only
-            raise ValueError(f"{run} has results but no train/config.json: not a run of this experiment; move it out of {out_dir}")
-        cfg = read_json(cfg_path)
+            raise ValueError(f"{run} has results but no {rd.train.config.relative_to(rd.path)}: not a run of this "
+                             f"experiment; move it out of {out_dir}")
+        cfg = rd.read_config()
         cond, seed = cfg.get('condition'), cfg.get('seed')
-        if run.name != f'{cond}-s{seed}':
-            raise ValueError(f"{run} holds run {cond}-s{seed} (a copy or a renamed folder); remove it or name it {cond}-s{seed}")
+        if run.name != RunDir.name(cond, seed):
+            raise ValueError(f"{run} holds run {RunDir.name(cond, seed)} (a copy or a renamed folder); remove it or name it "
+                             f"{RunDir.name(cond, seed)}")
         rows = {(str(c), int(s)) for c, s in zip(df['condition'], df['seed'])} if len(df) else set()
         if rows - {(cond, seed)}:
             raise ValueError(f"{key} holds rows of {sorted(rows - {(cond, seed)})[0]} but the run is {cond} seed {seed}")
@@ -255,7 +283,9 @@ def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = Non
             names = {str(n) for n in df['experiment'].unique() if str(n)} - {exp.get('name')} if 'experiment' in df else set()
             if names:
                 raise ValueError(f"{run}: its rows are of experiment {sorted(names)[0]!r}, not {exp.get('name')!r}; move it out of {out_dir}")
-            diff = _against_experiment(cfg, exp)
+            want = dict(recipe=exp.get('train_kwargs') or {}, model_kwargs=exp.get('model_kwargs') or {},
+                        **({'model': exp['model']} if exp.get('model') else {}))          # what the experiment sets
+            diff = config_diff(run_setting(cfg), want, keys=want)   # (the data may be a prebuilt dataset: compared across runs)
             if diff: raise ValueError(f"{run} was trained with another setting than this experiment (differs in "
                                       f"{', '.join(diff)}); move it out of {out_dir}")
             diff = _measured_against(measurement(df), exp, sample)
@@ -271,13 +301,14 @@ def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = Non
                                       f"average; move the foreign one out of {out_dir} or measure it again")
             break
         measured[run] = got
-        setting = _setting(cfg)
+        setting = run_setting(cfg)
         for other, s in seen.items():
-            diff = _setting_diff(s, setting)
+            diff = config_diff(s, setting)               # recipe fields only one of them records (added later): not compared
             if diff: raise ValueError(f"{run} and {other} were trained with different settings (differ in {', '.join(diff)}): "
                                       f"they are not runs of one experiment; move the foreign one out of {out_dir}")
             break                                                           # all earlier ones agree with the first
         seen[run] = setting
+
 
 # %% ../nbs/00_results.ipynb #ebfa85bf
 def main_rows(df: pd.DataFrame) -> pd.DataFrame:
