@@ -71,6 +71,7 @@ class Anatomy:
     pos_table: torch.Tensor | None = None # a timm model's additive position table (its `pos_embed` parameter)
     table_prefix: int = 0                # rows of `pos_table` before the patch rows
     rope: nn.Module | None = None        # a timm model's rotary embedding (Eva)
+    rope_layout: str | None = None       # how its rope tables pair channels into planes (pos_embed.ROPE_LAYOUTS)
 
     @property
     def depth(self) -> int:
@@ -129,18 +130,22 @@ def _position(m: nn.Module, family: str, blocks: list, prefix: int) -> dict:
     if family == 'pe_vit':
         pos = m.pos_embed
         kinds = [k for k, on in zip(POSITION_KINDS, (pos.additive, pos.rotary, pos.biased, pos.mixing)) if on]
-        return dict(position=tuple(kinds), pos_embed=pos)
+        return dict(position=tuple(kinds), pos_embed=pos, rope_layout=pos.rope_layout)
     table = getattr(m, 'pos_embed', None)                      # timm: an nn.Parameter (or None)
     rope = getattr(m, 'rope', None)                            # Eva
     bias = family == 'swin' or getattr(m, 'rel_pos_bias', None) is not None or \
            getattr(blocks[0].attn, 'relative_position_bias_table', None) is not None
     kinds = [k for k, on in zip(POSITION_KINDS, (table is not None, rope is not None, bias, False)) if on]
-    return dict(position=tuple(kinds), pos_table=table, rope=rope,
+    layout = None if rope is None else 'half' if getattr(blocks[0].attn, 'rotate_half', False) else 'interleaved'   # timm's apply_rot_embed_cat
+    return dict(position=tuple(kinds), pos_table=table, rope=rope, rope_layout=layout,
                 table_prefix=0 if getattr(m, 'no_embed_class', False) else prefix)
 
-def anatomy(model: nn.Module) -> Anatomy:
+def anatomy(model: nn.Module,
+            strict: bool = True,   # False: None for a model that is not (and holds no) ViT, instead of an error
+           ) -> Anatomy | None:
     "The `Anatomy` of `model`: a PEViT or a timm ViT / Eva / BEiT / Swin, also inside DDP, `torch.compile` or another module."
     found = _find_vit(model)
+    if found is None and not strict: return None
     if found is None: raise ValueError(f"{type(unwrap_model(model)).__name__} is not a ViT this library reads (and holds "
                                        "none): expected a PEViT or a timm VisionTransformer / Eva / Beit / SwinTransformer")
     m, family = found
@@ -158,8 +163,8 @@ def anatomy(model: nn.Module) -> Anatomy:
 # %% ../nbs/01a_anatomy.ipynb #b4bdd0b0
 def position_parameters(model: nn.Module) -> list[nn.Parameter]:
     "The parameters that carry the position of a ViT (its PE module, or timm's position table and rotary module); none for other models."
-    if _find_vit(model) is None: return []
-    a = anatomy(model)
+    a = anatomy(model, strict=False)
+    if a is None: return []
     if a.pos_embed is not None: return list(a.pos_embed.parameters())
     table = [a.pos_table] if isinstance(a.pos_table, nn.Parameter) else []
     return table + (list(a.rope.parameters()) if a.rope is not None else [])

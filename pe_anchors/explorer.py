@@ -13,7 +13,7 @@ from fastcore.basics import patch
 
 from .core import check_choice
 from .anatomy import anatomy
-from .vit import TokenPermutation
+from .hooks import TokenPermutation
 from .ssdc import ssdc_curve
 
 # %% auto #0
@@ -75,7 +75,10 @@ class Explorer:
             v = self.ssdc(name, mode == 'rpi')
             b.plot(range(len(v)), v, style, marker='o', ms=3, label=f"{name} ({mode})")
         b.axvline(layer, color='grey', lw=.8); b.axhline(0, color='k', lw=.5, alpha=.4)
-        b.set_xlabel('Layer'); b.set_ylabel('SSDC'); b.legend(fontsize=8); b.set_title('SSDC by depth', fontsize=9)
+        from matplotlib.ticker import MaxNLocator
+        b.xaxis.set_major_locator(MaxNLocator(integer=True))                     # layers are whole numbers
+        b.set_xlabel('Layer'); b.set_ylabel('SSDC'); b.set_title('SSDC by depth', fontsize=9)
+        b.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1), frameon=False)   # beside the curves, not on them
         fig.tight_layout()
         return fig
 
@@ -99,7 +102,7 @@ def widget(self: Explorer):
                          col=W.IntSlider(w // 2, 0, w - 1))
 
 @patch
-def show(self: Explorer, name: str | None = None, layers: Iterable[int] | None = None, query=None):
+def show(self: Explorer, name: str | None = None, layers: Iterable[int] | None = None, query: tuple[int, int] | None = None):
     "The widget in a live notebook with ipywidgets; otherwise static figures (normal and RPI) for `layers`."
     try:
         from IPython import get_ipython

@@ -15,20 +15,18 @@ import torch
 from torch import nn
 from scipy import stats
 
-from .core import N_PERMS, check_alpha, check_choice, pbar
+from .core import N_PERMS, PADDING_MODES, check_alpha, check_choice, pbar
 from .paper import PAPER_ALPHAS
-from .results import result_frame, ssdc_metric
+from .results import SSDC_MODES, result_frame, ssdc_metric
 from .anatomy import anatomy
-from .vit import TokenPermutation
+from .hooks import TokenPermutation
 from .ssdc import ssdc_curve, bootstrap_ci, ssdc_from_similarity, token_similarity
 
 # %% auto #0
-__all__ = ['SSDC_MODES', 'PADDING_MODES', 'spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table',
-           'pe_table_ssdc', 'position_signal_ratio', 'pe_scaled', 'alpha_sweep', 'peg_padding']
+__all__ = ['spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table', 'pe_table_ssdc',
+           'position_signal_ratio', 'pe_scaled', 'alpha_sweep', 'peg_padding']
 
 # %% ../nbs/07_interventions.ipynb #a768648c
-SSDC_MODES = {'normal': None, 'rpi': 'draw', 'rpi_image': 'image'}  # results-table mode -> TokenPermutation mode
-
 def spread(draws: np.ndarray, level: float = .95) -> dict[str, np.ndarray]:
     "Mean over axis 0 with SD, a t-interval of the mean, min and max (NaN spread for a single draw)."
     draws = np.asarray(draws, dtype=np.float64)
@@ -101,7 +99,7 @@ def measure_ssdc(model: nn.Module,
                  point: str = 'ln1',                  # TokenRecorder tap point; 'ln1' is the paper's
                 ) -> SSDCRuns:
     "SSDC of every block's attention input (LN1 output; or another tap `point`), unpermuted or under RPI over `n_perms` seeded draws."
-    perm_mode = SSDC_MODES[check_choice('SSDC mode', mode, SSDC_MODES)]
+    perm_mode = SSDC_MODES[check_choice('SSDC mode', mode, SSDC_MODES)][1]   # the TokenPermutation mode (None: unpermuted)
     if perm_mode is not None and n_perms < 1: raise ValueError(f"n_perms must be >= 1, got {n_perms}")
     k_draws = 1 if perm_mode is None else n_perms
     _check_batches(batches, k_draws)
@@ -244,19 +242,13 @@ def alpha_sweep(model: nn.Module,
     return result_frame(rows, **meta)
 
 # %% ../nbs/07_interventions.ipynb #2b32d718
-PADDING_MODES = ('zeros', 'circular', 'reflect', 'replicate')   # torch's Conv2d padding modes
-
 @contextmanager
 def peg_padding(model: nn.Module, mode: str = 'circular'):
-    "Temporarily set the padding of the model's PEG convolution to `mode` ('zeros' is how it was trained), restoring it on exit."
+    "Temporarily pad the model's PEG convolution with `mode` ('zeros' is how it was trained), restoring it on exit (`PEG.padded`)."
     check_choice('mode', mode, PADDING_MODES)
     pe = anatomy(model).pos_embed
-    conv = getattr(pe, 'proj', None) if getattr(pe, 'mixing', False) else None
-    if not isinstance(conv, nn.Conv2d):
+    if pe is None or pe.padding_mode is None:                   # the PE says whether it has a convolution to pad
         raise ValueError(f"peg_padding needs a model with a PEG (a convolutional position encoding); this one has "
                          f"{type(pe).__name__ if pe is not None else 'no PE module'}")
-    old = conv.padding_mode
-    conv.padding_mode = mode
-    try: yield model
-    finally: conv.padding_mode = old
+    with pe.padded(mode): yield model
 

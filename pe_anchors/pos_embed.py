@@ -12,13 +12,14 @@ import torch
 from torch import nn
 from timm.layers import trunc_normal_
 
-from .core import check_alpha, check_choice, grid_coords, grid_hw
+from .core import PADDING_MODES, check_alpha, check_choice, grid_coords, grid_hw
 
 # %% auto #0
-__all__ = ['ALIBI_SLOPES', 'DINOV3_DRAWS', 'FIXED_TABLES', 'PE_NAMES', 'PosEmbed', 'NoPE', 'LearnedAPE', 'sincos_2d', 'SinCos2D',
-           'rope_table', 'apply_rope', 'swap_quarters', 'rope_to_timm', 'axial_frequencies', 'axial_angles', 'RoPE2D',
-           'mixed_frequencies', 'RoPEMixed', 'RelPosBias2D', 'alibi_slopes', 'ALiBi2D', 'PEG', 'dinov3_periods',
-           'dinov3_augment', 'RoPEDinoV3', 'APERoPE', 'fixed_table', 'FixedTable2D', 'create_pos_embed']
+__all__ = ['ROPE_LAYOUTS', 'ALIBI_SLOPES', 'DINOV3_DRAWS', 'FIXED_TABLES', 'PE_CLASSES', 'PE_NAMES', 'PosEmbed', 'NoPE',
+           'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_table', 'apply_rope', 'swap_quarters', 'rope_to_timm',
+           'axial_frequencies', 'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed', 'RelPosBias2D',
+           'alibi_slopes', 'ALiBi2D', 'PEG', 'dinov3_periods', 'dinov3_augment', 'RoPEDinoV3', 'APERoPE', 'fixed_table',
+           'FixedTable2D', 'create_pos_embed']
 
 # %% ../nbs/01_pos_embed.ipynb #a933464a
 class PosEmbed(nn.Module):
@@ -27,6 +28,7 @@ class PosEmbed(nn.Module):
     rotary: bool = False   # rotates q and k inside every attention layer
     biased: bool = False   # adds a bias to the attention logits of every layer
     mixing: bool = False   # transforms the tokens between blocks (a conditional PE)
+    rope_layout: str | None = None   # a rotary PE: how its `rope` table pairs channels into planes (ROPE_LAYOUTS)
     def __init__(self,
                  grid_size: int | Sequence[int], # H or (H, W) patch grid
                  num_prefix_tokens: int = 1,      # tokens before the patches (CLS); never given a grid position
@@ -53,6 +55,25 @@ class PosEmbed(nn.Module):
         self.alpha = alpha
         try: yield self
         finally: self._alpha = old
+
+    @property
+    def padding_mode(self) -> str | None:
+        "How the PE's convolution pads the token grid (`PADDING_MODES`); None for a PE without one."
+        return None
+
+    @contextmanager
+    def padded(self, mode: str):
+        "Temporarily pad the PE's convolution with `mode` (a `PADDING_MODES` name), restoring it on exit; a PE without one refuses."
+        raise ValueError(f"{type(self).__name__} has no convolution to pad: a PEG (a convolutional position encoding) has one")
+        yield self
+
+    @classmethod
+    def from_geometry(cls, grid_size, embed_dim: int, num_heads: int, depth: int = 1, num_prefix_tokens: int = 1, **kwargs):
+        "This PE for a backbone's geometry: the constructor gets the parts of it that it takes (`head_dim` = embed_dim / num_heads) and `kwargs`."
+        geometry = dict(grid_size=grid_size, embed_dim=embed_dim, num_heads=num_heads, head_dim=embed_dim // num_heads,
+                        depth=depth, num_prefix_tokens=num_prefix_tokens)
+        takes = inspect.signature(cls.__init__).parameters
+        return cls(**{k: v for k, v in geometry.items() if k in takes}, **kwargs)
 
     def check_tokens(self, n: int):
         "Raise a clear error when a sequence of `n` tokens does not match prefix + grid."
@@ -194,6 +215,12 @@ class SinCos2D(PosEmbed):
         self.grid_table = self._grid_table()[None].to(self.grid_table.device)
 
 # %% ../nbs/01_pos_embed.ipynb #932abf5a
+ROPE_LAYOUTS = {   # how a [sin | cos] rope table pairs the D channels of a head into D/2 planes
+    'quarters': 'channel i with i + D/4 inside each half (this library: planes 0..n-1, then n..2n-1)',
+    'half': "channel i with i + D/2 (timm's rotate-half, `apply_rot_embed_cat(half=True)`)",
+    'interleaved': "channel 2i with 2i + 1 (timm's default, `apply_rot_embed_cat(half=False)`)",
+}
+
 def rope_table(angles: torch.Tensor) -> torch.Tensor: # (..., N, D/2) plane angles -> (..., N, 2D) [sin | cos]
     "Per-element sine and cosine for `apply_rope`: planes 0..D/4-1 pair quarters 1 and 2, planes D/4..D/2-1 quarters 3 and 4."
     *lead, n_tok, half = angles.shape
@@ -241,6 +268,7 @@ def axial_angles(grid_size, head_dim: int, theta: float = 10000.,
 class _Rotary(PosEmbed):
     "Shared machinery of rotary PEs: checks, per-block angles, `alpha` and the [sin | cos] table."
     rotary = True
+    rope_layout = 'quarters'
     def __init__(self, grid_size, head_dim: int, num_heads: int, depth: int = 1, num_prefix_tokens: int = 1):
         super().__init__(grid_size, num_prefix_tokens)
         if head_dim % 4:
@@ -417,7 +445,7 @@ class PEG(PosEmbed):
                  padding_mode: str = 'zeros'):   # torch's: 'zeros' (CPVT's), 'circular' (no border to see), ...
         super().__init__(grid_size, num_prefix_tokens)
         if kernel_size < 1 or kernel_size % 2 == 0: raise ValueError(f"PEG kernel_size must be odd, got {kernel_size}")
-        check_choice('padding_mode', padding_mode, ('zeros', 'circular', 'reflect', 'replicate'))
+        check_choice('padding_mode', padding_mode, PADDING_MODES)
         self.embed_dim, self.kernel_size, self.after = embed_dim, kernel_size, after
         # the shape of timm's Twins `PosConv.proj` (a depthwise conv with bias), zero padding at the border by default
         self.proj = nn.Conv2d(embed_dim, embed_dim, kernel_size, padding=kernel_size // 2, groups=embed_dim,
@@ -427,6 +455,13 @@ class PEG(PosEmbed):
     def padding_mode(self) -> str:
         "How the convolution pads the grid (what `settings` records)."
         return self.proj.padding_mode
+
+    @contextmanager
+    def padded(self, mode: str):
+        "Temporarily pad the convolution with `mode` ('zeros' is how a PEG trains; 'circular' leaves no border to see)."
+        old, self.proj.padding_mode = self.proj.padding_mode, check_choice('padding', mode, PADDING_MODES)
+        try: yield self
+        finally: self.proj.padding_mode = old
 
     def after_block(self, x: torch.Tensor, layer: int) -> torch.Tensor: # (B, P+N, C)
         "Add the convolution of the patch-token grid after block `after` (times `alpha`); other blocks pass through."
@@ -650,7 +685,9 @@ class FixedTable2D(SinCos2D):
                              f"{grid_hw(grid_size)}): train at that grid")
 
 # %% ../nbs/01_pos_embed.ipynb #e7ee2c1b
-PE_NAMES = ('none', 'ape', 'spe', 'rope', 'rope_mixed', 'rpb', 'ape_rope', 'rope_dinov3', 'peg', 'alibi', 'fixed')
+PE_CLASSES = {'none': NoPE, 'ape': LearnedAPE, 'spe': SinCos2D, 'rope': RoPE2D, 'rope_mixed': RoPEMixed, 'rpb': RelPosBias2D,
+              'ape_rope': APERoPE, 'rope_dinov3': RoPEDinoV3, 'peg': PEG, 'alibi': ALiBi2D, 'fixed': FixedTable2D}
+PE_NAMES = tuple(PE_CLASSES)   # the names `pe=` takes
 
 def create_pos_embed(pe: str,               # one of PE_NAMES
                      grid_size,             # H or (H, W)
@@ -664,14 +701,4 @@ def create_pos_embed(pe: str,               # one of PE_NAMES
     check_choice('positional encoding', pe, PE_NAMES)
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-    head_dim = embed_dim // num_heads
-    if pe == 'none': return NoPE(grid_size, num_prefix_tokens)
-    if pe == 'ape': return LearnedAPE(grid_size, embed_dim, num_prefix_tokens, **kwargs)
-    if pe == 'spe': return SinCos2D(grid_size, embed_dim, num_prefix_tokens, **kwargs)
-    if pe == 'fixed': return FixedTable2D(grid_size, embed_dim, num_prefix_tokens, **kwargs)
-    if pe == 'rpb': return RelPosBias2D(grid_size, num_heads, depth, num_prefix_tokens, **kwargs)
-    if pe == 'alibi': return ALiBi2D(grid_size, num_heads, num_prefix_tokens, **kwargs)
-    if pe == 'peg': return PEG(grid_size, embed_dim, num_prefix_tokens, **kwargs)
-    if pe == 'ape_rope': return APERoPE(grid_size, embed_dim, head_dim, num_heads, depth, num_prefix_tokens, **kwargs)
-    cls = {'rope': RoPE2D, 'rope_mixed': RoPEMixed, 'rope_dinov3': RoPEDinoV3}[pe]
-    return cls(grid_size, head_dim, num_heads, depth=depth, num_prefix_tokens=num_prefix_tokens, **kwargs)
+    return PE_CLASSES[pe].from_geometry(grid_size, embed_dim, num_heads, depth, num_prefix_tokens, **kwargs)

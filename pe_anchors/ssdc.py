@@ -20,7 +20,7 @@ from fastcore.basics import patch
 from .core import grid_hw, grid_coords, check_choice, check_finite, pbar
 from .results import result_frame
 from .anatomy import anatomy
-from .vit import Recorded, TokenRecorder
+from .hooks import Recorded, TokenRecorder
 
 # %% auto #0
 __all__ = ['DISTANCES', 'grid_distance', 'upper_pairs', 'average_ranks', 'spearman', 'token_similarity', 'ssdc_from_similarity',
@@ -31,7 +31,7 @@ DISTANCES = ('manhattan', 'euclidean')
 
 def grid_distance(grid_size: int | Sequence[int], # H or (H, W) patch grid
                   metric: str = 'manhattan',       # one of DISTANCES
-                  device=None,
+                  device: str | torch.device | None = None,
                  ) -> torch.Tensor:                # (N, N) float64, N = H*W, row-major tokens
     "Pairwise distances between the grid positions (row, col) of the tokens."
     check_choice('distance', metric, DISTANCES)

@@ -8,7 +8,7 @@ import torch
 from fastai.callback.core import Callback
 
 from ..core import check_choice
-from ..vit import TokenPermutation, TRAIN_PERM_MODES, INFERENCE_PERM_MODES
+from ..hooks import TokenPermutation, TRAIN_PERM_MODES, INFERENCE_PERM_MODES
 
 # %% auto #0
 __all__ = ['TokenPermutationCallback', 'RPT', 'RPI']

@@ -18,7 +18,7 @@ from torch import nn
 from ..core import N_PERMS, check_choice, check_finite, grid_coords, grid_hw, pbar
 from ..anatomy import anatomy
 from ..ssdc import patch_token_batches
-from ..vit import TokenPermutation
+from ..hooks import TokenPermutation
 from ..interventions import measure_ssdc, pe_scaled
 
 # %% auto #0
@@ -202,15 +202,6 @@ def _rotary(model: nn.Module):
                                       "'rope_mixed', 'ape_rope', 'rope_dinov3'), or a timm Eva / vit_*_rope model")
     return a
 
-def _rope_layout(sin: torch.Tensor) -> str:
-    "How a rope table pairs elements into planes: (2i, 2i+1) 'interleaved', (i, i + D/2) 'half' (timm) or 'quarters' (PEViT)."
-    d = sin.shape[-1]
-    if torch.equal(sin[..., 0::2], sin[..., 1::2]): return 'interleaved'
-    if torch.equal(sin[..., :d // 2], sin[..., d // 2:]): return 'half'
-    n = d // 4                                                         # PEViT: i with i + D/4 inside each half
-    if torch.equal(sin[..., :n], sin[..., n:2 * n]) and torch.equal(sin[..., 2 * n:3 * n], sin[..., 3 * n:]): return 'quarters'
-    raise ValueError("unrecognised rope layout: the sine table pairs no elements")
-
 def _planes(t: torch.Tensor, layout: str) -> torch.Tensor: # (..., D) element table -> (..., D/2) one value per plane
     if layout == 'interleaved': return t[..., 0::2]
     if layout == 'half': return t[..., :t.shape[-1] // 2]
@@ -225,11 +216,11 @@ def _elements(m: torch.Tensor, layout: str) -> torch.Tensor: # (..., D/2) per pl
 
 def _rotary_tables(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, str]:
     "`rotary_tables` and the element layout of the model's rope tables (one code path for PEViT and timm)."
-    sins, coss = [], []
-    for r in _rotary(model).rope_tables():
+    a = _rotary(model)
+    sins, coss, layout = [], [], a.rope_layout                       # as the model's PE (or timm's attention) declares it
+    for r in a.rope_tables():
         s, c = r.detach().float().chunk(2, -1)
         if s.ndim == 2: s, c = s[None], c[None]                      # (1, N, D): shared by all heads
-        layout = _rope_layout(s)
         sins.append(_planes(s, layout)); coss.append(_planes(c, layout))
     heads = max(s.shape[0] for s in sins)
     return (torch.stack([s.expand(heads, -1, -1) for s in sins]).cpu(),
