@@ -14,8 +14,8 @@ from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
 __all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN',
-           'IMAGENET_STD', 'N_PERMS', 'DISK_ERRORS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite',
-           'NetworkRefused', 'check_offline', 'hub_name', 'image_rng', 'image_perms', 'condition_spec',
+           'IMAGENET_STD', 'N_PERMS', 'PADDING_MODES', 'DISK_ERRORS', 'grid_hw', 'grid_coords', 'check_choice',
+           'check_finite', 'NetworkRefused', 'check_offline', 'hub_name', 'image_rng', 'image_perms', 'condition_spec',
            'condition_model_kwargs', 'condition_label', 'condition_order', 'show_progress', 'pbar', 'default_device',
            'cpu_name', 'hardware_info', 'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores', 'auto_threads',
            'set_threads', 'run_perm_seed', 'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic',
@@ -31,7 +31,7 @@ def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
     return h, w
 
 def grid_coords(grid_size: int | Sequence[int], # H or (H, W)
-                device=None,
+                device: str | torch.device | None = None,
                 dtype: torch.dtype = torch.long,
                ) -> torch.Tensor: # (H*W, 2) columns = (row, col), row-major token order
     "Integer (row, col) coordinates of the tokens of an `H x W` grid in row-major order."
@@ -136,7 +136,7 @@ def show_progress(show: bool | None = None) -> bool:
     if os.environ.get('PE_ANCHORS_QUIET', '0') == '1': return False
     return 'ipykernel' in sys.modules or sys.stderr.isatty() or sys.stdout.isatty()
 
-def pbar(it: Iterable, total: int | None = None, show: bool | None = None, comment: str = '', parent=None):
+def pbar(it: Iterable, total: int | None = None, show: bool | None = None, comment: str = '', parent: object | None = None):
     "Wrap `it` in a fastprogress bar when `show` (default: `show_progress()`), else return it unchanged."
     if not show_progress(show): return it
     pb = progress_bar(it, total=total, parent=parent, leave=False)
@@ -144,7 +144,7 @@ def pbar(it: Iterable, total: int | None = None, show: bool | None = None, comme
     return pb
 
 # %% ../nbs/00_core.ipynb #f81666da
-def default_device(device=None) -> torch.device:
+def default_device(device: str | torch.device | None = None) -> torch.device:
     "`device` as a torch device; None: CUDA if available, else the CPU."
     return torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 
@@ -233,6 +233,7 @@ def set_threads(n: int) -> int:
 # %% ../nbs/00_core.ipynb #1fe0ef6f
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 N_PERMS = 8                         # RPI permutation draws averaged per measurement, unless told otherwise
+PADDING_MODES = ('zeros', 'circular', 'reflect', 'replicate')   # torch's Conv2d padding modes (PEG, conv q/k/v)
 
 def run_perm_seed(seed: int) -> int:
     "The permutation seed of run `seed`'s first RPI draw (draw k uses it + k): one seed's runs share their draws, other seeds never do."

@@ -75,7 +75,7 @@ def resized_crop(x: torch.Tensor,      # (B, C, H, W)
     grid = F.affine_grid(theta, (x.shape[0], x.shape[1], size, size), align_corners=False)
     return F.grid_sample(x.float(), grid, mode='bilinear', padding_mode='reflection', align_corners=False)
 
-def random_boxes(n: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), device=None) -> torch.Tensor: # (n, 4)
+def random_boxes(n: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), device: str | torch.device | None = None) -> torch.Tensor: # (n, 4)
     "Random-resized-crop boxes: area fraction ~ U(scale), aspect ratio log-uniform in `ratio`, uniform position."
     area = torch.empty(n, device=device).uniform_(*scale)
     logr = torch.empty(n, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1]))
@@ -375,7 +375,7 @@ class ImageData:
 
     def dls(self,
             bs: int = 128,                 # batch size per process
-            device=None,                   # default: cuda if available, else cpu
+            device: str | torch.device | None = None,                   # default: cuda if available, else cpu
             aug: str | None = None,        # one of AUGS (default: self.default_aug)
             valid_bs: int | None = None,   # default: 2 * bs
             num_workers: int | None = None,# loader workers for file datasets (default min(8, cpus); 0 in memory)
@@ -401,7 +401,7 @@ class ImageData:
 
     def valid_uint8(self,
                     bs: int = 256,
-                    device=None,                     # default: cuda if available, else cpu
+                    device: str | torch.device | None = None,                     # default: cuda if available, else cpu
                     num_workers: int | None = None,
                    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         "Iterate the evaluation split in order as `(x, y)`: uint8 `(B, 3, S, S)` squashed to `img_size`, long `(B,)`."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_learner.ipynb #ad78b366
 from __future__ import annotations
-import csv, errno, io, json, math, os, random, shutil, tempfile, time, warnings
+import csv, io, json, math, os, random, shutil, tempfile, time, warnings
 from dataclasses import dataclass, asdict, replace
 from functools import partial
 from pathlib import Path
@@ -26,21 +26,23 @@ from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop, patch
 
-from .core import (RunLock, auto_threads, busy_cores, check_choice, check_offline, hub_name, condition_model_kwargs, condition_spec, cpu_snapshot, current_umask, dist_info,
-                             hardware_info, read_json, remove_leftovers, set_threads, sync, unwrap_model, write_atomic,
-                             show_progress as _show_progress)
+from .core import (auto_threads, busy_cores, check_choice, check_offline, hub_name, condition_model_kwargs,
+                             condition_spec, cpu_snapshot, current_umask, disk_error, dist_info, hardware_info, read_json,
+                             set_threads, sync, unwrap_model, write_atomic, show_progress as _show_progress)
+from .rundir import CHECKPOINT_TMP, TrainDir, config_diff
 from .anatomy import anatomy, model_family, position_parameters
-from .vit import save_checkpoint
+from .vit import MODEL_STYLES
+from .hub import save_checkpoint
 from .data import ImageData, get_data
 from .callback.permute import RPT
 
 # %% auto #0
-__all__ = ['RECIPES', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'WANDB_LOCAL', 'Recipe', 'get_recipe',
-           'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'config_diff',
-           'checkpoints', 'last_checkpoint', 'RunRecorder', 'init_distributed', 'DDP', 'Progress',
-           'tensorboard_callback', 'wandb_callback', 'make_callbacks', 'DivergenceWarning', 'AutoThreads', 'EpochLines',
-           'learner_device', 'default_model', 'build_model', 'set_data_config', 'make_dls', 'make_optimizer',
-           'fit_callbacks', 'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe', 'train']
+__all__ = ['RECIPES', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'WANDB_LOCAL', 'Recipe', 'recipe_changes',
+           'get_recipe', 'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper',
+           'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'run_recorder', 'tensorboard_callback',
+           'wandb_callback', 'make_callbacks', 'DivergenceWarning', 'AutoThreads', 'EpochLines', 'learner_device',
+           'default_model', 'build_model', 'set_data_config', 'make_dls', 'make_optimizer', 'fit_callbacks',
+           'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe', 'train']
 
 # %% ../nbs/05_learner.ipynb #fa871433
 @dataclass
@@ -71,6 +73,12 @@ RECIPES = {
     'paper': Recipe(model_style='released'),
     'fast': Recipe(pct_start=0.25, moms=None, bf16=True, channels_last=True),
 }
+RECIPES['digits'] = replace(RECIPES['fast'], epochs=12, bs=32, lr=2e-3, pe_lr_mult=20)   # the digits preset's: minutes on a CPU
+
+def recipe_changes(name: str, base: str = 'fast') -> dict:
+    "The fields in which recipe `name` differs from recipe `base`: what an experiment's `train_kwargs` say over its `recipe`."
+    a, b = asdict(RECIPES[check_choice('recipe', name, RECIPES)]), asdict(RECIPES[check_choice('recipe', base, RECIPES)])
+    return {k: v for k, v in a.items() if v != b[k]}
 
 def get_recipe(recipe: str | Recipe = 'fast', **overrides) -> Recipe:
     "A recipe by name (`RECIPES`) or as given, with field `overrides` (unknown names raise)."
@@ -87,7 +95,7 @@ def get_recipe(recipe: str | Recipe = 'fast', **overrides) -> Recipe:
     if not (0 <= r.wd < 1 and 0 <= r.label_smoothing < 1 and 0 < r.pct_start < 1):
         raise ValueError(f"recipe wd and label_smoothing must be in [0, 1) and pct_start in (0, 1), got {r.wd}, "
                          f"{r.label_smoothing}, {r.pct_start}")
-    check_choice('model style', r.model_style, ('timm', 'released'))
+    check_choice('model style', r.model_style, MODEL_STYLES)
     return r
 
 # %% ../nbs/05_learner.ipynb #173b9a70
@@ -144,20 +152,6 @@ class LayerGroupOptimWrapper(OptimWrapper):
             for p in pl: p.requires_grad_(lg >= self.frozen_idx or self.state[p].get('force_train', False))
 
 # %% ../nbs/05_learner.ipynb #94b1329e
-_VOLATILE = ('hardware', 'versions', 'created', 'world_size', 'device')
-
-def config_diff(old: dict, new: dict) -> list[str]:
-    "Keys whose values differ (volatile ones ignored); recipe fields missing from `old` (added since) count as defaults."
-    old, new = json.loads(json.dumps(old)), json.loads(json.dumps(new))
-    if isinstance(old.get('recipe'), dict) and isinstance(new.get('recipe'), dict):
-        old['recipe'] = {**json.loads(json.dumps(asdict(Recipe()))), **old['recipe']}
-        new['recipe'] = {**json.loads(json.dumps(asdict(Recipe()))), **new['recipe']}
-        rdiff = [f'recipe.{k}' for k in sorted(set(old['recipe']) | set(new['recipe']))
-                 if old['recipe'].get(k) != new['recipe'].get(k)]
-        old.pop('recipe'); new.pop('recipe')
-    else: rdiff = []
-    return sorted(k for k in set(old) | set(new) if k not in _VOLATILE and old.get(k) != new.get(k)) + rdiff
-
 def _rng_state(learn) -> dict:
     "Every random state a resumed run needs, in types `torch.load(weights_only=True)` accepts."
     name, key, pos, has_gauss, gauss = np.random.get_state()
@@ -188,15 +182,6 @@ def _load_state(path: Path) -> dict:
     with torch.serialization.safe_globals(safe):
         return torch.load(path, map_location='cpu', weights_only=True)
 
-def checkpoints(run_dir: str | Path) -> list[Path]:
-    "The complete `checkpoints/epoch_NNN` folders of a run, oldest first."
-    d = Path(run_dir) / 'checkpoints'
-    return sorted(p for p in d.glob('epoch_[0-9][0-9][0-9]') if (p / 'state.pt').exists()) if d.exists() else []
-
-def last_checkpoint(run_dir: str | Path) -> Path | None:
-    "The newest complete checkpoint folder of a run, or None."
-    done = checkpoints(run_dir)
-    return done[-1] if done else None
 
 # %% ../nbs/05_learner.ipynb #875245a8
 def _read_metrics(path: Path) -> list[dict]:
@@ -207,10 +192,6 @@ def _read_metrics(path: Path) -> list[dict]:
         if None in r.values() or None in r: raise ValueError(f"{path} is torn at row {i + 1}; delete it and resume=False")
     return rows
 
-def _remove_run_leftovers(run_dir: Path):
-    "Temporary files and checkpoint folders of killed writers in a run directory (call it holding the run's lock)."
-    for d in (run_dir, run_dir / 'checkpoints'): remove_leftovers(d)
-
 def _misfit(weights: dict, model: nn.Module) -> str:
     "How a checkpoint's weights fail to fit `model` ('' when they fit): missing or extra keys, other shapes."
     want = {k: tuple(v.shape) for k, v in unwrap_model(model).state_dict().items()}
@@ -219,18 +200,13 @@ def _misfit(weights: dict, model: nn.Module) -> str:
     return '; '.join(f"{what} key(s) {', '.join(ks[:3])}{' ...' if len(ks) > 3 else ''}"
                      for what, ks in (('missing', missing), ('extra', extra), ('other shape of', shapes)) if ks)
 
-_DISK = {errno.ENOSPC: 'No space left on device', errno.EDQUOT: 'Disk quota exceeded', errno.EROFS: 'Read-only file system'}
-
 def _save_model(model: nn.Module, path: Path, where: Path, **kw):
     "`save_checkpoint`, with a full or read-only disk raised as the `OSError` it is, naming `where` (safetensors wraps it)."
     try: return save_checkpoint(model, path, **kw)
-    except OSError as e:
-        if e.errno in _DISK and not e.filename: raise OSError(e.errno, e.strerror, str(where)) from e
-        raise
     except Exception as e:
-        code = next((c for c, words in _DISK.items() if words in str(e) or f'os error {c})' in str(e)), None)
-        if code is None: raise
-        raise OSError(code, _DISK[code], str(where)) from e
+        full = disk_error(e, where)
+        if full is None: raise
+        raise full from e
 
 def _write_metrics(path: Path, rows: list[dict]):
     buf = io.StringIO()
@@ -240,53 +216,80 @@ def _write_metrics(path: Path, rows: list[dict]):
 
 # %% ../nbs/05_learner.ipynb #e1e8898e
 class RunRecorder(Callback):
-    "Write a run directory (config, per-epoch metrics CSV, checkpoints, final metrics) and resume from it."
+    "Write a run directory (config, per-epoch metrics, checkpoints, final model) and resume from it: one of `learn.cbs` from the start."
     order = 65                                                    # after fastai's Recorder (50) and ProgressCallback (60)
     def __init__(self, run_dir: str | Path, config: dict, keep: int = 2):
-        self.run_dir, self.config, self.keep = Path(run_dir), config, max(1, keep)
-        self.start_epoch, self._resume, self._lock = 0, None, None
+        self.dir, self.config, self.keep = TrainDir(run_dir), config, max(1, keep)
+        self.start_epoch, self.done, self._resume, self._lock = 0, 0, None, None
+
+    @property
+    def run_dir(self) -> Path:
+        "The run directory."
+        return self.dir.path
 
     def clear(self):
         "Start over: delete the checkpoints, metrics and final files of an earlier run in `run_dir` (holding its lock)."
         if not self.run_dir.is_dir(): return
-        with RunLock(self.run_dir) as lock:                            # never under another process that trains it
+        with self.dir.lock() as lock:                                  # never under another process that trains it
             if not lock.acquired: raise ValueError(f"{self.run_dir} is being trained by another process; wait for it "
                                                    "or use another directory (nothing was deleted)")
-            shutil.rmtree(self.run_dir / 'checkpoints', ignore_errors=True)
-            for f in ('metrics.csv', 'final.json', 'model.safetensors'): (self.run_dir / f).unlink(missing_ok=True)
+            self.dir.clear()
 
     def prepare_resume(self, model: nn.Module | None = None) -> int:
         "Check the saved config, find the newest checkpoint that reads back whole and fits `model`; returns the first epoch to train."
-        cfg = self.run_dir / 'config.json'
-        if cfg.exists():
-            diff = config_diff(read_json(cfg), self.config)
+        if self.dir.config.exists():
+            diff = config_diff(read_json(self.dir.config), self.config, defaults=asdict(Recipe()))
             if diff: raise ValueError(f"{self.run_dir} holds a different run (differs in {diff}); "
                                       "use another run directory, or resume=False (--restart) to start over")
         if self.run_dir.is_dir():
-            with RunLock(self.run_dir) as lock:                        # not while another process writes the run
-                if lock.acquired: _remove_run_leftovers(self.run_dir)
+            with self.dir.lock() as lock:                              # not while another process writes the run
+                if lock.acquired: self.dir.remove_leftovers()
         from safetensors.torch import load_file
-        for ck in reversed(checkpoints(self.run_dir)):               # newest first; a damaged one falls back
-            try: weights, state = load_file(str(ck / 'model.safetensors')), _load_state(ck / 'state.pt')
+        for ck in reversed(self.dir.checkpoints()):                  # newest first; a damaged one falls back
+            w, st = self.dir.checkpoint_files(ck)
+            try: weights, state = load_file(str(w)), _load_state(st)
             except Exception as e:
                 warnings.warn(f"checkpoint {ck} is unreadable ({type(e).__name__}: {str(e)[:80]}); trying an older one")
                 continue
             misfit = _misfit(weights, model) if model is not None else ''
             if misfit:
                 warnings.warn(f"checkpoint {ck} does not fit the model ({misfit}); trying an older one"); continue
-            self._resume, self.start_epoch = (ck, weights, state), int(ck.name.split('_')[1]) + 1
+            self._resume = (ck, weights, state)
+            self.start_epoch = self.done = self.dir.checkpoint_epoch(ck) + 1
             return self.start_epoch
         return 0
 
+    def finished(self, n_epochs: int, model: nn.Module) -> bool:
+        """Whether the run has done its `n_epochs` already: then its final weights are loaded into `model`. A damaged
+        `final.json`, or final weights that do not load while the last epoch's checkpoint is there, are dropped with a
+        warning (the next fit restores that checkpoint and writes them again): not finished."""
+        final = self.dir.final
+        if final.exists():
+            try: read_json(final)
+            except ValueError as e:                                  # a damaged final.json: recompute it from the run
+                warnings.warn(f"{e}; rebuilding it from the last checkpoint"); final.unlink()
+        if not (final.exists() and self.done >= n_epochs): return False
+        from safetensors.torch import load_file
+        try: unwrap_model(model).load_state_dict(load_file(str(self.dir.model)))
+        except Exception as e:                                       # torn or foreign: rebuilt from the last checkpoint
+            ck = self._resume[0] if self._resume is not None else None
+            if ck is None: raise ValueError(f"{self.dir.model} does not load ({type(e).__name__}) and no checkpoint of the "
+                                            "last epoch is left to rebuild it; resume=False (--restart) trains the run again") from None
+            warnings.warn(f"{self.dir.model} does not load ({type(e).__name__}: {str(e)[:60]}); rebuilt from {ck}")
+            final.unlink(); return False
+        return True
+
     def before_fit(self):
         "Lock the run directory, write the config, keep the metrics of the finished epochs, restore the checkpoint."
+        if self.learn.lock.locked() or hasattr(self.learn, 'lr_finder') or hasattr(self.learn, 'gather_preds'):
+            self.run = False; return         # `validate` / `get_preds` (fastai sends them the fit's events) and `lr_find`
         self.is_main = dist_info()[0] == 0
         if self.is_main:
-            self._lock = RunLock(self.run_dir).__enter__()
+            self._lock = self.dir.lock().__enter__()
             if not self._lock.acquired:
                 raise ValueError(f"{self.run_dir} is being trained by another process; wait for it or use another directory")
-            _remove_run_leftovers(self.run_dir)
-            write_atomic(self.run_dir / 'config.json', json.dumps(self.config, indent=2))
+            self.dir.remove_leftovers()
+            write_atomic(self.dir.config, json.dumps(self.config, indent=2))
             self._keep_metrics()
         if self._resume is not None:
             ck, weights, st = self._resume
@@ -296,11 +299,12 @@ class RunRecorder(Callback):
             _set_rng_state(self.learn, st['rng'])
             sl = self.learn.recorder.smooth_loss                     # the train_loss column is fastai's smoothed loss
             sl.val, sl.count = st['smooth_loss']
+            self._resume = None                                      # restored once: a later fit goes on from here
         self._old_logger, self.t_fit, self.train_time, self.train_imgs = None, time.perf_counter(), 0., 0
 
     def _keep_metrics(self):
         "metrics.csv: the rows of the epochs before `start_epoch`, restored from the checkpoint where they are missing."
-        p = self.run_dir / 'metrics.csv'
+        p = self.dir.metrics
         rows = _read_metrics(p)
         keep = [r for r in rows if int(r['epoch']) < self.start_epoch]
         lost = sorted(set(range(self.start_epoch)) - {int(r['epoch']) for r in keep})
@@ -311,6 +315,7 @@ class RunRecorder(Callback):
                 keep = saved; warnings.warn(f"{p} lacked the rows of {span}; restored them from {self._resume[0]}")
             else: warnings.warn(f"{p} lacks the rows of {span} and the checkpoint does not hold them: that history is lost")
         if keep != rows: _write_metrics(p, keep)
+
 
 # %% ../nbs/05_learner.ipynb #45d2a824
 @patch
@@ -352,34 +357,35 @@ def after_epoch(self: RunRecorder):
     if bad or not all(torch.isfinite(p).all() for p in self.learn.model.parameters()):
         raise ValueError(f"training diverged at epoch {self.epoch} ({', '.join(bad) or 'weights'} not finite); "
                          f"the last good checkpoint is kept in {self.run_dir}: lower the learning rate and resume=False")
-    p = self.run_dir / 'metrics.csv'
-    _write_metrics(p, _read_metrics(p) + [{k: str(v) for k, v in row.items()}])
+    _write_metrics(self.dir.metrics, _read_metrics(self.dir.metrics) + [{k: str(v) for k, v in row.items()}])
     self.write_checkpoint()
+    self.done = self.epoch + 1
 
 # %% ../nbs/05_learner.ipynb #916feac1
 @patch
 def write_checkpoint(self: RunRecorder):
     "Write `checkpoints/epoch_NNN` atomically (a unique temporary folder renamed) and keep the newest `keep`."
-    d = self.run_dir / 'checkpoints'; d.mkdir(parents=True, exist_ok=True)
-    final, tmp = d / f'epoch_{self.epoch:03d}', Path(tempfile.mkdtemp(dir=d, prefix=f'.tmp_epoch_{self.epoch:03d}_'))
+    d = self.dir.checkpoints_dir; d.mkdir(parents=True, exist_ok=True)
+    final, tmp = self.dir.checkpoint(self.epoch), Path(tempfile.mkdtemp(dir=d, prefix=CHECKPOINT_TMP.format(self.epoch)))
     os.chmod(tmp, 0o777 & ~current_umask())                       # mkdtemp makes it private
+    (weights, state), (final_weights, final_state) = self.dir.checkpoint_files(tmp), self.dir.checkpoint_files(final)
     try:
-        _save_model(unwrap_model(self.learn.model), tmp / 'model.safetensors', final / 'model.safetensors',
-                    extra=dict(epoch=self.epoch))
+        _save_model(unwrap_model(self.learn.model), weights, final_weights, extra=dict(epoch=self.epoch))
         cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if isinstance(cb, RPT)}
         sl = self.learn.recorder.smooth_loss
         try:
-            with open(tmp / 'state.pt', 'wb') as f:
+            with open(state, 'wb') as f:
                 torch.save(_plain(dict(epoch=self.epoch, opt=self.learn.opt.state_dict(), rng=_rng_state(self.learn),
                                        cbs=cbs, smooth_loss=(sl.val, sl.count),
-                                       metrics=_read_metrics(self.run_dir / 'metrics.csv'))), f)   # the history so far
+                                       metrics=_read_metrics(self.dir.metrics))), f)   # the history so far
                 f.flush(); os.fsync(f.fileno())
         except OSError as e:
-            if e.errno in _DISK and not e.filename: raise OSError(e.errno, e.strerror, str(final / 'state.pt')) from e
-            raise
+            full = disk_error(e, final_state)
+            if full is None: raise
+            raise full from e
         shutil.rmtree(final, ignore_errors=True); tmp.rename(final)
     finally: shutil.rmtree(tmp, ignore_errors=True)
-    for old in checkpoints(self.run_dir)[:-self.keep]: shutil.rmtree(old)
+    for old in self.dir.checkpoints()[:-self.keep]: shutil.rmtree(old)
 
 @patch
 def after_fit(self: RunRecorder):
@@ -394,15 +400,14 @@ def after_fit(self: RunRecorder):
 @patch
 def write_final(self: RunRecorder) -> dict:
     "Save the final weights and `final.json` (metrics of the last epoch, timing, hardware)."
-    rows = _read_metrics(self.run_dir / 'metrics.csv')
+    rows = _read_metrics(self.dir.metrics)
     last = rows[-1] if rows else {}
-    _save_model(unwrap_model(self.learn.model), self.run_dir / 'model.safetensors', self.run_dir / 'model.safetensors',
-                extra=dict(epoch=self.n_epoch - 1))
+    _save_model(unwrap_model(self.learn.model), self.dir.model, self.dir.model, extra=dict(epoch=self.n_epoch - 1))
     final = dict(epochs=self.n_epoch, accuracy=float(last.get('accuracy', 'nan')), valid_loss=float(last.get('valid_loss', 'nan')),
                  train_time_s=round(sum(float(r['time_s']) for r in rows), 2),
                  train_img_s=round(float(np.mean([float(r['train_img_s']) for r in rows])), 1) if rows else None,
                  hardware=hardware_info(self.dls.device))
-    write_atomic(self.run_dir / 'final.json', json.dumps(final, indent=2))
+    write_atomic(self.dir.final, json.dumps(final, indent=2))
     return final
 
 # %% ../nbs/05_learner.ipynb #b540144b
@@ -469,10 +474,14 @@ def _numbers(hypers: list[dict]) -> dict:
     return {f'{k}_{i}': v for i, h in enumerate(hypers) for k, v in h.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
-def _log_dir(learn, sub: str) -> str | None:
-    "`sub/` inside the learner's run directory (None without one: the tracker's own default)."
-    run = getattr(learn, 'pe_run', None)
-    return str(run.run_dir / sub) if run is not None else None
+def run_recorder(learn: Learner) -> RunRecorder | None:
+    "The learner's `RunRecorder`, None when it writes no run directory."
+    return next((cb for cb in learn.cbs if isinstance(cb, RunRecorder)), None)
+
+def _log_dir(learn, tracker: str | None = None) -> str | None:
+    "Where a tracker writes: its folder in the learner's run directory, or (None) the run directory itself; None without one."
+    run = run_recorder(learn)
+    return None if run is None else str(run.dir.logs(tracker) if tracker else run.run_dir)
 
 def tensorboard_callback() -> Callback:
     """fastai's `TensorBoardCallback` into the run directory's `tensorboard/`: losses, metrics and the numeric optimiser
@@ -506,7 +515,7 @@ def wandb_callback() -> Callback:
         def __init__(self): super().__init__(log_preds=False); self._mine = False
         def before_fit(self):
             if wandb.run is None and dist_info()[0] == 0:
-                wandb.init(project=os.environ.get('WANDB_PROJECT', 'pe_anchors'), dir=_log_dir(self.learn, '.'),
+                wandb.init(project=os.environ.get('WANDB_PROJECT', 'pe_anchors'), dir=_log_dir(self.learn),
                            config=getattr(self.learn, 'config', None))
                 self._mine = True
             super().before_fit()
@@ -588,7 +597,7 @@ def _versions() -> dict:
     return dict(pe_anchors=pe_anchors.__version__, torch=torch.__version__, timm=timm.__version__, fastai=fastai.__version__)
 
 # %% ../nbs/05_learner.ipynb #04d7c155
-def learner_device(device=None) -> tuple[torch.device, int, int]:
+def learner_device(device: str | torch.device | None = None) -> tuple[torch.device, int, int]:
     "The training device and this process's (rank, world size): joins torchrun's process group; default `cuda:LOCAL_RANK`, else the CPU."
     rank, world, local = init_distributed()
     if device is None: device = f'cuda:{local}' if torch.cuda.is_available() else 'cpu'
@@ -627,7 +636,8 @@ def set_data_config(net: nn.Module, data: ImageData) -> nn.Module:
     "Record in `net`'s timm data config the statistics and size it is trained with; a ViT made for another image size is refused."
     net.pretrained_cfg = net.default_cfg = {**net.pretrained_cfg, 'mean': tuple(data.mean), 'std': tuple(data.std),
                                             'input_size': (3, data.img_size, data.img_size), 'num_classes': data.c}
-    size = anatomy(net).img_size[0] if model_family(net.pretrained_cfg.get('architecture', '')) else data.img_size
+    a = anatomy(net, strict=False)                      # the model at hand says what it is (a ViT, or e.g. a CNN)
+    size = a.img_size[0] if a is not None else data.img_size
     if size != data.img_size: raise ValueError(f"{net.pretrained_cfg['architecture']} expects {size}px images but "
                                                f"{data.name} has {data.img_size}px")
     return net
@@ -678,12 +688,13 @@ def set_logging(learn: Learner, show_progress: bool | None = None, rank: int = 0
         learn.logger = EpochLines(learn)              # a batch job (Slurm, nohup): the recorder's table, line by line
     else: learn.logger = noop
 
-def open_run(run_dir: str | Path | None, config: dict, net: nn.Module, resume: bool = True) -> tuple[RunRecorder | None, int]:
-    "The run directory's `RunRecorder` (None without one) and the first epoch to train: its earlier run cleared, or checked and resumed."
-    if run_dir is None: return None, 0
+def open_run(run_dir: str | Path | None, config: dict, net: nn.Module, resume: bool = True) -> RunRecorder | None:
+    "The run directory's `RunRecorder` (None without one), its earlier run cleared, or checked and ready to resume (`start_epoch`)."
+    if run_dir is None: return None
     run = RunRecorder(run_dir, config)
-    if not resume: run.clear(); return run, 0
-    return run, run.prepare_resume(net)
+    if resume: run.prepare_resume(net)
+    else: run.clear()
+    return run
 
 # %% ../nbs/05_learner.ipynb #0a956f9c
 def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a name / path for get_data
@@ -692,7 +703,7 @@ def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a na
                recipe: str | Recipe = 'fast',             # 'paper', 'fast' or a Recipe
                run_dir: str | Path | None = None,         # write config/metrics/checkpoints here (and resume from it)
                seed: int = 0,
-               device=None,                               # default: cuda (cuda:LOCAL_RANK under torchrun) else cpu
+               device: str | torch.device | None = None,                               # default: cuda (cuda:LOCAL_RANK under torchrun) else cpu
                pe: str | None = None,                     # override the condition's PE
                rpt: bool | None = None,                   # override the condition's RPT flag
                rpt_mode: str = 'batch',                   # 'batch' (paper) or 'sample'
@@ -703,7 +714,7 @@ def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a na
                threads: int | str | None = None,          # torch threads: N, 'auto' (the cores left free, each epoch), None: as set
                **recipe_overrides,                        # any Recipe field, e.g. epochs=3, bs=64
               ) -> Learner:
-    "A fastai `Learner` for `condition` on `data` with `recipe` (`learn.recipe`, `.config`, `.pe_run`; fit with `fit_recipe`)."
+    "A fastai `Learner` for `condition` on `data` with `recipe` (`learn.recipe`, `.config`, `.run_recorder`; fit with `fit_recipe`)."
     r = get_recipe(recipe, **recipe_overrides)
     spec = condition_spec(condition)
     pe, rpt = pe or spec['pe'], spec['rpt'] if rpt is None else rpt
@@ -717,46 +728,31 @@ def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a na
     opt_func, kinds = make_optimizer(net, r, device)
     if threads not in (None, 'auto'): set_threads(threads)
     config = run_config(condition, pe, rpt, rpt_mode, model, model_kwargs, data, r, seed, world, device)
+    run = open_run(run_dir, config, net, resume)
     learn = Learner(dls, net, loss_func=SoftTargetCE(r.label_smoothing), opt_func=opt_func, lr=r.lr,
                     splitter=pe_splitter, wd=[r.wd if k in ('body', 'head') else 0. for k in kinds], wd_bn_bias=True,
-                    metrics=accuracy, cbs=fit_callbacks(r, device, rpt, rpt_mode, seed, threads, cbs))
+                    metrics=accuracy, cbs=fit_callbacks(r, device, rpt, rpt_mode, seed, threads, cbs) + ([run] if run else []))
     learn.lr_mults = np.array([r.pe_lr_mult if k == 'position' else 1. for k in kinds])   # per optimiser group
     set_logging(learn, show_progress, rank)
     if r.compile: net.compile()
     learn.recipe, learn.config = r, config
-    learn.pe_run, learn.resume_epoch = open_run(run_dir, config, net, resume)   # (fastai callbacks own `run`)
     return learn
 
 # %% ../nbs/05_learner.ipynb #94dbcaa8
 def fit_recipe(learn: Learner,
                epochs: int | None = None,   # default: learn.recipe.epochs
               ) -> dict:
-    "Fit `learn` with its recipe's one-cycle schedule; returns the final metrics (also `final.json` in a run dir)."
+    "Fit `learn` with its recipe's one-cycle schedule (a run directory: from where it stopped); returns the final metrics."
     r = learn.recipe
     n = r.epochs if epochs is None else epochs
-    start, run = getattr(learn, 'resume_epoch', 0), getattr(learn, 'pe_run', None)
-    final = run.run_dir / 'final.json' if run is not None else None
+    run = run_recorder(learn)
     t = time.perf_counter()
-    if final is not None and final.exists():
-        try: read_json(final)
-        except ValueError as e:                                     # a damaged final.json: recompute it from the run
-            warnings.warn(f"{e}; rebuilding it from the last checkpoint"); final.unlink()
-    if final is not None and final.exists() and start >= n:         # finished before: load its final weights
-        from safetensors.torch import load_file
-        weights = run.run_dir / 'model.safetensors'
-        try: unwrap_model(learn.model).load_state_dict(load_file(str(weights)))
-        except Exception as e:                                      # torn or foreign: rebuilt from the last checkpoint
-            ck = run._resume[0] if run._resume is not None else None
-            if ck is None: raise ValueError(f"{weights} does not load ({type(e).__name__}) and no checkpoint of the last "
-                                            "epoch is left to rebuild it; resume=False (--restart) trains the run again") from None
-            warnings.warn(f"{weights} does not load ({type(e).__name__}: {str(e)[:60]}); rebuilt from {ck}")
-            final.unlink()
-    if final is None or not final.exists() or start < n:                     # (a fit that skips every epoch only restores the checkpoint and writes the final files)
+    if run is None or not run.finished(n, learn.model):   # (a fit that skips every epoch restores the checkpoint, writes the final files)
         mults = getattr(learn, 'lr_mults', None)
         lr = r.lr if mults is None or (mults == 1).all() else r.lr * mults   # one lr, or one per optimiser group
         learn.fit_one_cycle(n, lr, div=r.div, div_final=r.div_final, pct_start=r.pct_start, moms=r.moms,
-                            start_epoch=min(start, n), cbs=[run] if run is not None else None)
-    if final is not None: return read_json(final)
+                            start_epoch=min(run.done, n) if run is not None else 0)
+    if run is not None: return read_json(run.dir.final)
     loss, acc = learn.validate()
     return dict(epochs=n, accuracy=float(acc), valid_loss=float(loss), train_time_s=round(time.perf_counter() - t, 2),
                 hardware=hardware_info(learn.dls.device))

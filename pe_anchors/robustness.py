@@ -128,7 +128,7 @@ class JPEG(Shift):
     def apply(self, x, offset): return jpeg_roundtrip(x, self.quality)
 
 # %% ../nbs/08_robustness.ipynb #ec7262d4
-def gaussian_kernel1d(sigma: float, kernel_size: int, device=None) -> torch.Tensor: # (kernel_size,) float32
+def gaussian_kernel1d(sigma: float, kernel_size: int, device: str | torch.device | None = None) -> torch.Tensor: # (kernel_size,) float32
     "Normalised 1-D Gaussian weights at integer offsets -r..r (the kernel torchvision's `gaussian_blur` uses)."
     r = kernel_size // 2
     t = torch.arange(-r, r + 1, dtype=torch.float64)
@@ -137,7 +137,7 @@ def gaussian_kernel1d(sigma: float, kernel_size: int, device=None) -> torch.Tens
 
 BLUR_PADDINGS, BLUR_ROUNDINGS = ('reflect', 'nearest'), ('round', 'floor')
 
-def blur_matrix(n: int, sigma: float, kernel_size: int, device=None,
+def blur_matrix(n: int, sigma: float, kernel_size: int, device: str | torch.device | None = None,
                 padding: str = 'reflect',              # 'reflect' (edge not repeated) or 'nearest' (edge repeated)
                 dtype: torch.dtype = torch.float32,
                ) -> torch.Tensor: # (n, n)
