@@ -15,11 +15,11 @@ from .core import N_PERMS, read_json, write_atomic
 from .rundir import ExperimentDir, RunDir, checksum_file, config_diff, find_experiment, run_setting
 
 # %% auto #0
-__all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'REQUIRED_COLUMNS', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC', 'SSDC_METRICS',
-           'DATASET_CLASSES', 'FS_CHANCE_FACTOR', 'result_row', 'result_frame', 'write_results', 'read_results',
-           'ssdc_metric', 'peak_rpi', 'with_peak_rpi', 'concat_results', 'one_dataset', 'gather', 'disagreement',
-           'experiment_rows', 'load_results', 'measurement', 'check_runs', 'main_rows', 'alpha_rows', 'fragility',
-           'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
+__all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'REQUIRED_COLUMNS', 'SSDC_MODES', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC',
+           'SSDC_METRICS', 'DATASET_CLASSES', 'FS_CHANCE_FACTOR', 'result_row', 'result_frame', 'write_results',
+           'read_results', 'ssdc_metric', 'peak_rpi', 'with_peak_rpi', 'concat_results', 'one_dataset', 'gather',
+           'disagreement', 'experiment_rows', 'load_results', 'measurement', 'check_runs', 'main_rows', 'alpha_rows',
+           'fragility', 'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
 
 # %% ../nbs/00_results.ipynb #4e4a890d
 RESULT_COLUMNS = ('experiment', 'dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity',
@@ -110,8 +110,13 @@ def _check_types(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     return df
 
 # %% ../nbs/00_results.ipynb #ad9e287b
-SSDC_MODE_METRIC = {'normal': 'ssdc', 'rpi': 'ssdc', 'rpi_image': 'ssdc_image'}   # SSDC mode -> the metric its values are
-RPI_MODES = tuple(m for m in SSDC_MODE_METRIC if m != 'normal')   # the modes of Random Permutation at Inference
+SSDC_MODES = {   # the mode of an SSDC row: the metric its values are, and how the patch tokens were permuted (hooks.PERM_MODES)
+    'normal': ('ssdc', None),
+    'rpi': ('ssdc', 'draw'),              # Random Permutation at Inference, one permutation per draw (the paper's)
+    'rpi_image': ('ssdc_image', 'image'), # one permutation per image, per-image SSDC averaged
+}
+SSDC_MODE_METRIC = {m: metric for m, (metric, _) in SSDC_MODES.items()}   # SSDC mode -> the metric its values are
+RPI_MODES = tuple(m for m, (_, perm) in SSDC_MODES.items() if perm is not None)   # the modes under a permutation
 PEAK_METRIC = 'peak_ssdc'         # derived: an RPI curve's largest value over layers; its row's `layer` is where
 
 def ssdc_metric(mode: str) -> str:

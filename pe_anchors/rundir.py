@@ -12,18 +12,18 @@ from .core import read_json
 
 # %% auto #0
 __all__ = ['CONFIG', 'METRICS', 'FINAL', 'MODEL_FILE', 'CHECKPOINTS', 'STATE', 'CHECKPOINT_GLOB', 'TRAIN', 'RESULTS',
-           'RUN_RECORD', 'KEPT_MODEL', 'RUNS', 'EXPERIMENT', 'META', 'SAMPLE', 'SHIFTS', 'CACHE', 'REPORT', 'LOCK',
-           'CHECKSUM', 'CHECKPOINT_TMP', 'LEFTOVERS', 'RUN_FORMS', 'EXPERIMENT_FORMS', 'VOLATILE', 'checksum_file',
-           'is_hub_folder', 'hub_files', 'RunLock', 'remove_leftovers', 'TrainDir', 'RunDir', 'find_run',
-           'train_dir_of', 'ExperimentDir', 'find_experiment', 'ReportDir', 'staging', 'swap_in', 'recover',
+           'RUN_RECORD', 'KEPT_MODEL', 'RUNS', 'EXPERIMENT', 'META', 'SAMPLE', 'SHIFTS', 'CACHE', 'REPORT', 'MECH',
+           'LOCK', 'CHECKSUM', 'CHECKPOINT_TMP', 'LEFTOVERS', 'RUN_FORMS', 'EXPERIMENT_FORMS', 'VOLATILE',
+           'checksum_file', 'is_hub_folder', 'hub_files', 'RunLock', 'remove_leftovers', 'TrainDir', 'RunDir',
+           'find_run', 'train_dir_of', 'ExperimentDir', 'find_experiment', 'ReportDir', 'staging', 'swap_in', 'recover',
            'config_diff', 'run_setting']
 
 # %% ../nbs/00b_rundir.ipynb #9a6a7084
 CONFIG, METRICS, FINAL, MODEL_FILE = 'config.json', 'metrics.csv', 'final.json', 'model.safetensors'   # a training run
 CHECKPOINTS, STATE, CHECKPOINT_GLOB = 'checkpoints', 'state.pt', 'epoch_[0-9][0-9][0-9]'
 TRAIN, RESULTS, RUN_RECORD, KEPT_MODEL = 'train', 'results.csv', 'run.json', 'model'                    # a run of an experiment
-RUNS, EXPERIMENT, META, SAMPLE, SHIFTS, CACHE, REPORT = ('runs', 'experiment.json', 'meta.json', 'ssdc_sample.json',
-                                                         'shifts.json', 'cache', 'report')             # an experiment
+RUNS, EXPERIMENT, META, SAMPLE, SHIFTS, CACHE, REPORT, MECH = ('runs', 'experiment.json', 'meta.json', 'ssdc_sample.json',
+                                                               'shifts.json', 'cache', 'report', 'mech')   # an experiment
 LOCK, CHECKSUM = '.lock', '.sha256'   # a directory's lock file; a table's checksum file is named after it plus this
 
 def checksum_file(table: str | Path) -> Path:
@@ -143,6 +143,9 @@ class TrainDir:
     def read_config(self) -> dict:
         "The recorded config (`{}` before the first fit)."
         return read_json(self.config) if self.config.exists() else {}
+    def logs(self, tracker: str) -> Path:
+        "The folder a tracker callback writes to (`tensorboard/`)."
+        return self.path / tracker
     def lock(self, shared: bool = False) -> RunLock:
         "The run's lock (held while a process trains it)."
         return RunLock(self.path, shared)
@@ -208,6 +211,15 @@ class RunDir:
     def kept_files(self) -> list[Path]:
         "What a results folder keeps of the run besides its model: its table, the table's checksum and its record."
         return [f for f in (self.results, checksum_file(self.results), self.record) if f.exists()]
+    def keep_into(self, other: 'RunDir'):
+        "Copy what a results folder keeps of the run into `other`'s folder: its table and checksum, its record, its kept model."
+        other.path.mkdir(parents=True, exist_ok=True)
+        for f in self.kept_files(): shutil.copy2(f, other.path / f.name)
+        shutil.copytree(self.kept, other.kept)
+    def copy_without_training(self, dest: str | Path) -> 'RunDir':
+        "A copy of the run at `dest` without its training run and its locks (what a new measurement of the run rewrites)."
+        shutil.copytree(self.path, dest, ignore=shutil.ignore_patterns(TRAIN, LOCK))
+        return RunDir(dest)
 
 def _is_run(d: Path) -> bool:
     "Whether `d` is the top of a run of an experiment."
@@ -274,15 +286,21 @@ class ExperimentDir:
     def report(self) -> 'ReportDir':
         "The default report folder."
         return ReportDir(self.path / REPORT)
+    @property
+    def mech(self) -> Path:
+        "The tables of the mechanistic study of its kept runs (`pe_anchors study --mech`)."
+        return self.path / MECH
+    def table(self, name: str) -> Path:
+        "The table of an analysis of its runs, beside its own (`retrained`, `peg_padding`, `cifar10c`, `resolution`, ...)."
+        return self.path / f'{name}.csv'
 
     def run(self, condition: str, seed: int) -> RunDir:
         "Run (condition, seed)."
         return RunDir(self.runs_dir / RunDir.name(condition, seed))
     def runs(self) -> list[RunDir]:
-        "Every run folder, by name (not the hidden temporary copies of a writer, not links)."
+        "Every run folder, by name (not the hidden temporary copies of a writer)."
         d = self.runs_dir
-        return [RunDir(p) for p in sorted(d.iterdir()) if p.is_dir() and not p.is_symlink() and not p.name.startswith('.')] \
-            if d.is_dir() else []
+        return [RunDir(p) for p in sorted(d.iterdir()) if p.is_dir() and not p.name.startswith('.')] if d.is_dir() else []
     def finished(self) -> list[RunDir]:
         "The finished runs (their table written), by name."
         return [r for r in self.runs() if r.is_finished()]
