@@ -4,12 +4,13 @@
 
 # %% ../nbs/10g_report.ipynb #64980204
 from __future__ import annotations
-import html, json, os, shutil, uuid
+import html, json, shutil
 from pathlib import Path
 
 import pandas as pd
 
-from .core import N_PERMS, condition_order, read_json, write_atomic
+from .core import condition_order, read_json, write_atomic
+from .rundir import ExperimentDir, ReportDir, RunDir, find_experiment, recover, staging, swap_in
 from .paper import PAPER_LABEL
 from .results import alpha_rows, load_results, main_rows, write_results
 from .stats import detectable
@@ -18,37 +19,47 @@ from .claims import ANCHOR_MARGIN, verdicts
 from .tables import md_table, table5, table_alpha, table_rpi, verdict_table
 from .figures import fig1, fig2, fig3, fig4, fig5, fig_alpha, fig_severity
 from .readings import readings
+from .config import Experiment
 
 # %% auto #0
-__all__ = ['EXPERIMENT_DEFAULTS', 'report_meta', 'setting_line', 'verdict_note', 'write_report']
+__all__ = ['EXPERIMENT_DEFAULTS', 'report_meta', 'missing_runs', 'setting_line', 'verdict_note', 'write_report']
 
 # %% ../nbs/10g_report.ipynb #7438478b
-# `experiment.Experiment`'s defaults of the fields a report states: what an experiment file without one meant by it
-EXPERIMENT_DEFAULTS = dict(data='digits', data_kwargs={}, model=None, recipe='fast', train_kwargs={}, ssdc_images=1000,
-                           n_perms=N_PERMS, rpi_mode='rpi')
+EXPERIMENT_DEFAULTS = {k: Experiment.defaults()[k] for k in ('data', 'data_kwargs', 'model', 'recipe', 'train_kwargs',
+                                                           'ssdc_images', 'n_perms', 'rpi_mode')}   # the fields a report states
 
 def _with_defaults(exp: dict | None) -> dict | None:
     return None if exp is None else {**EXPERIMENT_DEFAULTS, **exp}
 
 def report_meta(path: str | Path) -> dict:
-    """What a report states besides the numbers, from an experiment directory or the `meta.json` beside a results CSV;
-    experiment fields an older file lacks read as their defaults (`EXPERIMENT_DEFAULTS`)."""
+    """What a report states besides the numbers: of an experiment (its directory or its `results.csv`), or from the
+    `meta.json` beside another results CSV; experiment fields an older file lacks read as their defaults."""
     p = Path(path)
-    if p.is_file():
-        side = p.with_name('meta.json')
+    try: ed = find_experiment(p)
+    except (ValueError, FileNotFoundError): ed = None
+    if ed is None:
+        side = ExperimentDir(p.parent).meta
         meta = read_json(side) if side.exists() else {}
         return {**meta, 'experiment': _with_defaults(meta['experiment'])} if meta.get('experiment') else meta
-    exp = _with_defaults(read_json(p / 'experiment.json')) if (p / 'experiment.json').exists() else None
+    kept = ed.read_meta()                                          # a results folder's record (`kept.keep_runs`)
+    exp = _with_defaults(ed.record())
     if exp and 'path' in (exp.get('data_kwargs') or {}):                # the data's name, not this machine's path
         exp = {**exp, 'data_kwargs': {**exp['data_kwargs'], 'path': Path(str(exp['data_kwargs']['path'])).name}}
-    meta = dict(experiment=exp, runs=[read_json(f) for f in sorted((p / 'runs').glob('*/run.json'))],
-                shifts=read_json(p / 'shifts.json') if (p / 'shifts.json').exists() else None)
-    if (p / 'ssdc_sample.json').exists():
-        s = read_json(p / 'ssdc_sample.json')
-        meta['ssdc_sample'] = {k: v for k, v in s.items() if k != 'indices'}
-    ks = {read_json(f).get('num_classes') for f in sorted((p / 'runs').glob('*/train/config.json'))} - {None}
+    meta = {**kept, 'experiment': exp, 'runs': ed.run_records() or kept.get('runs') or [],
+            'shifts': read_json(ed.shifts) if ed.shifts.exists() else kept.get('shifts')}
+    s = ed.sample_record()
+    if s: meta['ssdc_sample'] = {k: v for k, v in s.items() if k != 'indices'}
+    ks = {cfg.get('num_classes') for cfg in ed.run_configs()} - {None}
     if len(ks) == 1: meta['num_classes'] = ks.pop()                # the runs' own: chance for the FS rule
     return meta
+
+def missing_runs(exp: dict | None,      # the experiment's recorded fields (`report_meta(path)['experiment']`)
+                 df: pd.DataFrame,       # its table
+                ) -> list[str]:
+    "The runs an experiment declares (its conditions × seeds) that its table does not hold: a seed dropped, a run not finished."
+    have = set(zip(df['condition'].astype(str), df['seed'].astype(int)))
+    return [RunDir.name(c, s) for s in (exp or {}).get('seeds') or [] for c in (exp or {}).get('conditions') or []
+            if (c, int(s)) not in have]
 
 def setting_line(path: str | Path) -> str:
     """One paragraph on how a committed experiment was run, from the `meta.json` beside its results (or its directory):
@@ -103,11 +114,11 @@ def _render(blocks: list[tuple[str, object]]) -> tuple[str, str]:
     page = f"<!doctype html><meta charset='utf-8'><title>pe_anchors report</title><style>{style}</style>\n" + '\n'.join(ht)
     return '\n\n'.join(md) + '\n', page
 
-def _save(fig, dest: Path, name: str) -> str:
+def _save(fig, dest: ReportDir, name: str) -> str:
     import matplotlib.pyplot as plt
-    for ext in ('png', 'svg'): fig.savefig(dest / f"{name}.{ext}", dpi=130, bbox_inches='tight')
+    for ext in ('png', 'svg'): fig.savefig(dest.figure(name, ext), dpi=130, bbox_inches='tight')
     plt.close(fig)
-    return f"figures/{name}.png"
+    return dest.link(dest.figure(name))
 
 def _has(df, **kw) -> bool:
     "Whether the table has rows with these column values."
@@ -117,22 +128,13 @@ def _has(df, **kw) -> bool:
         d = d[d[k].astype(str).isin([str(x) for x in (v if isinstance(v, (list, tuple)) else [v])])]
     return not d.empty
 
-def _swap_in(tmp: Path, dest: Path):
-    "Replace `dest` (a report folder, or absent) by `tmp`: two renames, the old one removed after."
-    old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
-    if dest.exists(): os.replace(dest, old)
-    os.replace(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
-
-def _check_dest(dest: Path):
+def _check_dest(dest: ReportDir):
     "A report may only replace a report (or an empty folder): never a folder of something else."
-    if dest.exists() and not dest.is_dir(): raise NotADirectoryError(f"{dest} is a file: give a folder for the report")
-    if dest.is_dir() and any(dest.iterdir()) and not (dest / 'report.md').exists():
-        raise ValueError(f"{dest} holds files that are not a report: give an empty or new folder, or an earlier report's")
-    for left in dest.parent.glob(f".{dest.name}.old-*"):            # an earlier report swapped out but not yet removed
-        if not dest.exists(): os.replace(left, dest)
-        else: shutil.rmtree(left, ignore_errors=True)
-    for left in dest.parent.glob(f".{dest.name}.tmp-*"): shutil.rmtree(left, ignore_errors=True)
+    p = dest.path
+    if p.exists() and not p.is_dir(): raise NotADirectoryError(f"{p} is a file: give a folder for the report")
+    if p.is_dir() and any(p.iterdir()) and not dest.markdown.exists():
+        raise ValueError(f"{p} holds files that are not a report: give an empty or new folder, or an earlier report's")
+    recover(p)                                  # an earlier report swapped out but not yet removed, unfinished copies
 
 def write_report(results: str | Path | pd.DataFrame,   # an experiment directory, a results CSV, or a table
                  dest: str | Path | None = None,       # default: <experiment dir>/report
@@ -147,20 +149,20 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
     else:
         p = Path(results)
         df, meta = load_results(p), report_meta(p)               # read-only: the report never writes the runs
-        if dest is None and p.is_dir(): dest = p / 'report'
+        if dest is None and p.is_dir(): dest = ExperimentDir(p).report.path
     if dest is None: raise ValueError("dest is needed when results is a table or a CSV")
-    dest = Path(dest).absolute()
+    dest = ReportDir(Path(dest).absolute())
     _check_dest(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
+    dest.path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ReportDir(staging(dest.path))
     try:
-        (tmp / 'figures').mkdir(parents=True)
+        tmp.figures.mkdir(parents=True)
         _write(df, meta, tmp, title, num_classes)
-        _swap_in(tmp, dest)
-    finally: shutil.rmtree(tmp, ignore_errors=True)
-    return dest / 'report.md'
+        swap_in(tmp.path, dest.path)
+    finally: shutil.rmtree(tmp.path, ignore_errors=True)
+    return dest.markdown
 
-def _write(df, meta, dest: Path, title, num_classes):
+def _write(df, meta, dest: ReportDir, title, num_classes):
     exp, runs = _with_defaults(meta.get('experiment')), meta.get('runs') or []
     K = num_classes or meta.get('num_classes')
     name = title or (exp or {}).get('name') or str(df['experiment'].iloc[0] if 'experiment' in df else df['dataset'].iloc[0])
@@ -176,6 +178,8 @@ def _write(df, meta, dest: Path, title, num_classes):
     if s:
         setting += (f"; the SSDC images are a class-stratified sample (seed {s['seed']}, {min(s['per_class'])}–"
                     f"{max(s['per_class'])} per class, indices sha1 {s['sha1'][:12]}), the same for every run")
+    gone = missing_runs(exp, df)
+    if gone: setting += f"; not in the table, though the experiment declares them: {', '.join(gone)}"
     b.append(('p', f"Setting: {setting}."))
     if runs:
         hw = sorted({str(r.get('hardware', 'not recorded')) for r in runs})
@@ -212,11 +216,11 @@ def _write(df, meta, dest: Path, title, num_classes):
             ('ImageNet-C severities', 'fig_severity', fig_severity, dict(severity=[str(i) for i in range(1, 6)]))]
     for heading, fname, fn, need in figs:
         if not _has(df, **need): continue
-        try: b += [('h2', heading), ('img', _save(fn(df), dest / 'figures', fname))]
+        try: b += [('h2', heading), ('img', _save(fn(df), dest, fname))]
         except (KeyError, ValueError) as e:                       # a subset of conditions: say what is missing
             import matplotlib.pyplot as plt; plt.close('all')
             b += [('p', f"not drawn: {e}")]
     md, page = _render(b)
-    write_atomic(dest / 'report.md', md); write_atomic(dest / 'report.html', page)
-    write_results(df, dest / 'results.csv')
-    write_atomic(dest / 'meta.json', json.dumps(meta, indent=2, default=str))
+    write_atomic(dest.markdown, md); write_atomic(dest.html, page)
+    write_results(df, dest.results)
+    write_atomic(dest.meta, json.dumps(meta, indent=2, default=str))
