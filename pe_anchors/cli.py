@@ -250,7 +250,7 @@ def cmd_analyze(a):
                          alphas=a.alphas, alpha_conditions=[condition] if a.alphas else [])
         ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, device)      # each set built once, for the α rows too
         df = evaluate_model(model, ev, exp, condition, seed=cfg.get('seed', 0), show=False if a.quiet else None)
-    if a.padding: df = df.assign(padding=a.padding)                  # the column `experiment.padding_ablation` writes
+    if a.padding: df = df.assign(padding=a.padding)                  # the column `kept.padding_ablation` writes
     write_atomic(out / 'analysis.csv', df.to_csv(index=False))      # atomically: a full disk leaves no empty table
     plain = df[df.get('sweep').isna()] if 'sweep' in df else df
     ssdc = plain[plain.metric == 'ssdc'].pivot_table(index='layer', columns='mode', values='value')
