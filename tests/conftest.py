@@ -95,3 +95,100 @@ def stop_after(epoch: int):
 def weights(model) -> dict:
     "A detached copy of a model's state dict."
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ---------------------------------------------------------------- the command line in this process, and no network
+def cli(capsys, *args) -> tuple[int, str]:
+    "Run the command line in this process: (exit code, its one stderr line); more than one line fails the test."
+    from pe_anchors.cli import main
+    try: rc = main([str(a) for a in args])
+    except SystemExit as e: rc = e.code                                     # argparse's own usage errors
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(lines) <= 1 and not any('Traceback' in l for l in lines), lines
+    return rc, lines[0] if lines else ''
+
+
+@pytest.fixture
+def lookups(monkeypatch) -> list:
+    "Every DNS lookup or connection attempted (each refused): none is expected."
+    import socket
+    seen = []
+    def refuse(*a, **k): seen.append(a[:2]); raise OSError('no network in this test')
+    for name in ('getaddrinfo', 'create_connection'): monkeypatch.setattr(socket, name, refuse)
+    return seen
+
+
+# ---------------------------------------------------------------- small experiments, checkpoints and models
+def tiny(**kw):
+    "APE and NoPE on digits, one epoch of a two-block model, a small measurement: what fake runs and quick sweeps are made of."
+    from pe_anchors.config import preset
+    base = dict(conditions=['ape', 'nope'], seeds=[0], train_kwargs=dict(epochs=1), ssdc_images=32, n_perms=1, alphas=[],
+                model_kwargs=dict(depth=2))
+    return preset('digits', **{**base, **kw})
+
+
+def tiny_two_seeds(**kw):
+    "`tiny` over seeds 0 and 1."
+    return tiny(**{'seeds': [0, 1], **kw})
+
+
+def tiny_two_conditions(**kw):
+    "NoPE and APE on digits, one epoch, 48 SSDC images, 2 draws, α at 1 and 0: a quick sweep that measures everything."
+    from pe_anchors.config import preset
+    base = dict(conditions=['nope', 'ape'], train_kwargs=dict(epochs=1), ssdc_images=48, n_perms=2, alphas=[1., 0.],
+                model_kwargs=dict(depth=2))
+    return preset('digits', **{**base, **kw})
+
+
+@pytest.fixture(scope='session')
+def digits():
+    "The digits dataset (as the digits preset's data without its background)."
+    from pe_anchors.data import get_data
+    return get_data('digits')
+
+
+def exp_file(tmp: Path, **fields) -> Path:
+    "A small digits experiment file (YAML) with `fields` changed."
+    import yaml
+    d = {**tiny().to_dict(), **fields}
+    p = tmp / 'e.yaml'; p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def nano_checkpoint(tmp: Path, name: str = 'ape.safetensors', **meta) -> Path:
+    "A digits-sized (16 px) pe_vit checkpoint, its metadata changed by `meta`."
+    import timm
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    from pe_anchors.hub import save_checkpoint
+    p = save_checkpoint(timm.create_model('pe_vit_nano_patch2_16', pe='ape', num_classes=10), tmp / name)
+    if meta:
+        with safe_open(str(p), 'pt') as f: old = f.metadata()
+        save_file(load_file(str(p)), str(p), metadata={**old, **meta})
+    return p
+
+
+def hold_lock(path: Path, shared: bool = False):
+    "Another process holding `path`'s RunLock (until killed); returns it once it holds the lock."
+    import subprocess, sys
+    probe = (f"from pe_anchors.rundir import RunLock; import time\n"
+             f"with RunLock({str(path)!r}, shared={shared}) as l: print(l.acquired, flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, '-c', probe], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == 'True'
+    return holder
+
+
+def small_vit(pe: str, seed: int = 0, **kw):
+    "A 16 px PEViT of 3 blocks (width 32, 2 heads, 5 classes) with PE `pe`, seeded, in eval mode."
+    from pe_anchors.vit import PEViT
+    torch.manual_seed(seed)
+    return PEViT(img_size=16, patch_size=2, embed_dim=32, depth=3, num_heads=2, num_classes=5, pe=pe, **kw).eval()
+
+
+def sharpen(m, pe_scale: float = 30.):
+    "Make position matter at initialisation: larger position parameters and sharper attention."
+    with torch.no_grad():
+        for p in m.pos_embed.parameters(): p.mul_(pe_scale)
+        if hasattr(m.pos_embed, 'slopes'): m.pos_embed.slopes.mul_(pe_scale)      # ALiBi's fixed slopes
+        for blk in m.blocks: blk.attn.qkv.weight.mul_(10)
+    return m

@@ -1,7 +1,5 @@
-"""One answer to "what kind of ViT is this?": the anatomy of every supported model, and no other module deciding it."""
-import re
-from pathlib import Path
-
+"""One answer to "what kind of ViT is this?": the anatomy of every supported model and the facts it states about each
+family (where position comes from, how rope tables pair channels, prefix tokens); None for a model that is not one."""
 import pytest
 import timm
 import torch
@@ -9,9 +7,8 @@ import torch
 import pe_anchors.vit  # noqa: F401  (registers the pe_vit_* models)
 from pe_anchors.anatomy import FAMILIES, anatomy, model_family, position_parameters
 from pe_anchors.pos_embed import PE_NAMES
-from pe_anchors.vit import TokenPermutation, TokenRecorder
+from pe_anchors.hooks import TokenPermutation, TokenRecorder
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = {   # timm name: shrunk kwargs, family, position kinds, prefix tokens
     'vit_tiny_patch16_224': (dict(img_size=32, patch_size=4, depth=2), 'vit', ('additive',), 1),
     'deit_tiny_distilled_patch16_224': (dict(img_size=32, patch_size=4, depth=2), 'vit', ('additive',), 2),
@@ -64,13 +61,52 @@ def test_wrappers_and_refusals():
     assert set(FAMILIES) == {'pe_vit', 'vit', 'eva', 'beit', 'swin'}
 
 
-def test_only_the_anatomy_decides_what_a_model_is():
-    "No other module tests a model's class, probes its attributes or reads its name to decide what kind of model it is."
-    bad = re.compile(r"isinstance\([^)]*\b(PEViT|PosEmbed|NoPE|VisionTransformer|Eva|Beit|SwinTransformer)\b"
-                     r"|startswith\(['\"]pe_vit"
-                     r"|hasattr\((model|m|net|vit|self\.model)\s*,\s*['\"](blocks|patch_embed|pos_embed|rope|norm1)"
-                     r"|getattr\((model|m|net|vit|self\.model)\s*,\s*['\"](blocks|patch_embed|pos_embed|rope|num_prefix_tokens)")
-    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in sorted((ROOT / 'pe_anchors').rglob('*.py'))
-            if p.name not in ('anatomy.py', '_modidx.py')
-            for i, line in enumerate(p.read_text().splitlines(), 1) if bad.search(line)]
-    assert not hits, '\n'.join(hits)
+SMALL_VIT = dict(img_size=32, patch_size=4, depth=2)
+FACTS = {   # the model, and the facts its anatomy states: family, position kinds, rope layout, prefix tokens, PE padding
+    'pe_vit-ape': (lambda: timm.create_model('pe_vit_nano_patch1_8', pe='ape'), 'pe_vit', ('additive',), None, 1, None),
+    'pe_vit-rope': (lambda: timm.create_model('pe_vit_nano_patch1_8', pe='rope'), 'pe_vit', ('rotary',), 'quarters', 1, None),
+    'pe_vit-rope_mixed': (lambda: timm.create_model('pe_vit_nano_patch1_8', pe='rope_mixed'), 'pe_vit', ('rotary',), 'quarters', 1, None),
+    'pe_vit-ape_rope': (lambda: timm.create_model('pe_vit_nano_patch1_8', pe='ape_rope'), 'pe_vit', ('additive', 'rotary'), 'quarters', 1, None),
+    'pe_vit-rpb': (lambda: timm.create_model('pe_vit_nano_patch1_8', pe='rpb'), 'pe_vit', ('bias',), None, 1, None),
+    'pe_vit-peg': (lambda: timm.create_model('pe_vit_nano_patch1_8', pe='peg'), 'pe_vit', ('conditional',), None, 1, 'zeros'),
+    'pe_vit-nope': (lambda: timm.create_model('pe_vit_nano_patch1_8', pe='none'), 'pe_vit', (), None, 1, None),
+    'vit': (lambda: timm.create_model('vit_tiny_patch16_224', **SMALL_VIT), 'vit', ('additive',), None, 1, None),
+    'eva02': (lambda: timm.create_model('eva02_tiny_patch14_224', img_size=28, patch_size=4, depth=2), 'eva', ('additive', 'rotary'),
+              'interleaved', 1, None),
+    'rope-vit': (lambda: timm.create_model('vit_small_patch16_rope_224', **SMALL_VIT), 'eva', ('rotary',), 'interleaved', 1, None),
+    'dinov3': (lambda: timm.create_model('vit_base_patch16_dinov3', **SMALL_VIT), 'eva', ('rotary',), 'half', 5, None),
+    'beit': (lambda: timm.create_model('beit_base_patch16_224', **SMALL_VIT, embed_dim=64, num_heads=2), 'beit', ('bias',), None, 1, None),
+    'swin': (lambda: timm.create_model('swin_tiny_patch4_window7_224', img_size=56, depths=(1, 2), num_heads=(2, 4), embed_dim=32),
+             'swin', ('bias',), None, 0, None),
+}
+
+
+def _pairs(sin: torch.Tensor) -> str:
+    "How a sine table pairs its channels, read from its values: the layout a model states must be this one."
+    d = sin.shape[-1]
+    if torch.equal(sin[..., 0::2], sin[..., 1::2]): return 'interleaved'
+    if torch.equal(sin[..., :d // 2], sin[..., d // 2:]): return 'half'
+    n = d // 4
+    if torch.equal(sin[..., :n], sin[..., n:2 * n]) and torch.equal(sin[..., 2 * n:3 * n], sin[..., 3 * n:]): return 'quarters'
+    return 'none'
+
+
+@pytest.mark.parametrize('name', FACTS)
+def test_each_family_states_its_facts(name):
+    "Each family's anatomy: where position comes from, how its rope tables pair channels, its prefix tokens, its PE's padding."
+    build, family, position, layout, prefix, padding = FACTS[name]
+    a = anatomy(build())
+    assert (a.family, a.position, a.rope_layout, a.num_prefix_tokens) == (family, position, layout, prefix)
+    assert (a.pos_embed.padding_mode if a.pos_embed is not None else None) == padding      # asked of the PE, never probed
+    if a.rotary:                                        # the declared layout is how its tables pair (what a knockout edits)
+        assert {_pairs(t.float().chunk(2, -1)[0]) for t in a.rope_tables()} == {layout}
+    else:
+        with pytest.raises(ValueError, match='no rotary'): a.rope_tables()
+
+
+def test_a_model_that_is_not_a_vit_is_none_to_callers_that_only_ask():
+    cnn = timm.create_model('resnet10t')
+    assert anatomy(cnn, strict=False) is None and position_parameters(cnn) == []
+    with pytest.raises(ValueError, match='is not a ViT'): anatomy(cnn)
+    pe = timm.create_model('pe_vit_nano_patch1_8', pe='ape').pos_embed
+    with pytest.raises(ValueError, match='has no convolution to pad'), pe.padded('circular'): pass

@@ -14,7 +14,7 @@ from pe_anchors.callback.permute import RPT, RPI
 from pe_anchors.core import unwrap_model
 from pe_anchors.data import digits, ImageSplit
 from pe_anchors.pos_embed import PE_NAMES
-from pe_anchors.vit import TokenPermutation
+from pe_anchors.hooks import TokenPermutation
 
 
 @pytest.fixture(scope='module')

@@ -1,10 +1,18 @@
-"""The console script: help, exit codes, errors without tracebacks, and the offline demo in small size."""
-import os, subprocess, sys
-from pathlib import Path
+"""The console script: help, exit codes, errors without tracebacks, a run given at any of its levels to every command
+that takes one, and the offline demo in small size."""
+import os, subprocess
 
 import pytest
 
 from pe_anchors.cli import main
+from pe_anchors.rundir import ExperimentDir
+
+from conftest import cli
+import numpy as np
+import pandas as pd
+import torch
+from pe_anchors.evaluate import EvalData, evaluate_model
+from pe_anchors.config import Experiment
 
 ENV = {**os.environ, 'PE_ANCHORS_QUIET': '1', 'MPLBACKEND': 'Agg'}
 
@@ -26,7 +34,7 @@ def test_help_everywhere(installed):
 
 
 def test_user_errors_exit_2_without_traceback(installed, tmp_path):
-    for args, msg in ((('report', str(tmp_path / 'nothing')), 'is not an experiment directory'),
+    for args, msg in ((('report', str(tmp_path / 'nothing')), 'no experiment at'),
                       (('sweep', 'cifar10', '--out', str(tmp_path)), 'needs the data location'),
                       (('sweep', str(tmp_path / 'exp.yaml'), '--out', str(tmp_path)), 'no experiment file'),
                       (('train', '--condition', 'cape', '--run-dir', str(tmp_path / 'r')), "unknown condition 'cape'")):
@@ -73,7 +81,7 @@ def test_export_writes_a_hub_folder_that_timm_loads(installed, tmp_path):
     r = run('export', str(out / 'runs' / 'ape-s0'), str(tmp_path / 'hub'))          # an existing folder is not overwritten
     assert r.returncode == 2 and 'not an empty folder' in r.stderr and 'Traceback' not in r.stderr, r.stderr
     r = run('export', str(tmp_path / 'none'), str(tmp_path / 'hub2'))
-    assert r.returncode == 2 and 'is not a run directory' in r.stderr
+    assert r.returncode == 2 and 'no run at' in r.stderr and 'expected a run directory' in r.stderr
 
 
 def test_main_in_process_returns_codes(tmp_path, capsys):
@@ -131,3 +139,85 @@ def test_help_texts_and_defaults_come_from_the_library(monkeypatch):
         with pytest.raises(cli.UserError, match=f'--data {name} needs --data-path'): cli._dataset(name, None)
     with pytest.raises(cli.UserError, match='or set PE_ANCHORS_CIFAR10'): cli._dataset('cifar10', None)
     with pytest.raises(cli.UserError, match='--data-path is for cifar10, imagenet100, image_folder'): cli._dataset('digits', 'x')
+
+
+def test_cbs_from_the_command_line_reach_every_run(tmp_path, monkeypatch):
+    import pe_anchors.sweep as E                                        # where the command line takes it from
+    from pe_anchors.cli import main
+    seen = {}
+    def fake(exp, out, **kw):
+        from pe_anchors.results import RESULT_COLUMNS
+        seen.update(exp=exp, **kw); return pd.DataFrame(columns=RESULT_COLUMNS)       # the table's schema, no runs
+    monkeypatch.setattr(E, 'run_experiment', fake)
+    assert main(['sweep', 'digits', '--out', str(tmp_path), '--cbs', 'csv', 'fastai.callback.progress:CSVLogger', '--quiet']) == 0
+    assert seen['exp'].callbacks == ['csv'] and seen['extra_callbacks'] == ['fastai.callback.progress:CSVLogger']
+
+
+def test_analyze_takes_the_condition_from_the_checkpoint(tmp_path, capsys):
+    import timm
+    from pe_anchors.cli import main
+    from pe_anchors.hub import save_checkpoint
+    save_checkpoint(timm.create_model('pe_vit_nano_patch2_16', pe='rope', num_classes=10), tmp_path / 'rope.safetensors')
+    args = ['analyze', str(tmp_path / 'rope.safetensors'), '--ssdc-images', '16', '--n-perms', '1', '--device', 'cpu']
+    assert main(args + ['--condition', 'ape', '--out', str(tmp_path / 'a')]) == 2
+    err = capsys.readouterr().err
+    assert "--condition ape" in err and "rope" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / 'a' / 'analysis.csv').exists()
+    assert main(args + ['--out', str(tmp_path / 'b')]) == 0
+    assert set(pd.read_csv(tmp_path / 'b' / 'analysis.csv')['condition']) == {'rope'}
+
+
+def test_analyze_measures_a_peg_with_another_padding(tmp_path, capsys):
+    "`analyze --padding circular` gives the rows `peg_padding` gives in Python, tagged; a model without a PEG is refused."
+    import timm
+    from pe_anchors.cli import main
+    from pe_anchors.data import get_data
+    from pe_anchors.interventions import peg_padding
+    from pe_anchors.hub import save_checkpoint
+    torch.manual_seed(0)
+    peg = timm.create_model('pe_vit_nano_patch2_16', pe='peg', num_classes=10).eval()
+    save_checkpoint(peg, tmp_path / 'peg.safetensors')
+    save_checkpoint(timm.create_model('pe_vit_nano_patch2_16', pe='rope', num_classes=10), tmp_path / 'rope.safetensors')
+    args = ['--ssdc-images', '16', '--n-perms', '1', '--device', 'cpu', '--quiet']
+    assert main(['analyze', str(tmp_path / 'rope.safetensors'), '--padding', 'circular', '--out', str(tmp_path / 'r'), *args]) == 2
+    err = capsys.readouterr().err
+    assert 'PEG' in err and len(err.strip().splitlines()) == 1 and not (tmp_path / 'r' / 'analysis.csv').exists()
+    for p in ('zeros', 'circular'):
+        assert main(['analyze', str(tmp_path / 'peg.safetensors'), '--padding', p, '--out', str(tmp_path / p), *args]) == 0
+    zeros, circ = (pd.read_csv(tmp_path / p / 'analysis.csv') for p in ('zeros', 'circular'))
+    assert set(zeros['padding']) == {'zeros'} and set(circ['padding']) == {'circular'}
+    # the same measurement in Python, with the convolution padded circularly by hand
+    with peg_padding(peg, 'circular'):
+        ev = EvalData(get_data('digits'), 16, 256, 'cpu')
+        ref = evaluate_model(peg, ev, Experiment(name='digits', conditions=['peg'], ssdc_images=16, n_perms=1), 'peg', show=False)
+    assert peg.pos_embed.proj.padding_mode == 'zeros'                                    # restored on exit
+    key = ['metric', 'mode', 'layer', 'shift', 'severity']
+    ssdc = lambda d: d[d['metric'] == 'ssdc'].sort_values(key)['value'].to_numpy()
+    np.testing.assert_allclose(ssdc(circ), ssdc(ref), atol=1e-6)
+    assert not np.allclose(ssdc(circ), ssdc(zeros), atol=1e-6)                     # the padding changed what was measured
+
+
+def test_every_command_takes_a_run_at_any_of_its_levels(tmp_path, capsys):
+    "`train`, `analyze` and `export` take the run, its train/ or its model file; a command that wants an experiment names it."
+    exp = ExperimentDir(tmp_path / 'exp')
+    run = exp.run('ape', 0)
+    common = ('--epochs', '1', '--bs', '256', '--device', 'cpu', '--quiet')
+    assert cli(capsys, 'train', '--out', run.train.path, *common)[0] == 0
+    trained = run.train.model.stat().st_mtime_ns
+    levels = (run.path, run.train.path, run.train.model)
+    for i, level in enumerate(levels):
+        assert cli(capsys, 'train', '--out', level, *common)[0] == 0, level            # the finished run, not trained again
+        assert cli(capsys, 'analyze', level, '--ssdc-images', '16', '--n-perms', '1', '--device', 'cpu',
+                   '--out', tmp_path / f'a{i}', '--quiet')[0] == 0, level
+        assert cli(capsys, 'export', level, tmp_path / f'hub{i}')[0] == 0, level
+    assert run.train.model.stat().st_mtime_ns == trained
+    tables = [pd.read_csv(tmp_path / f'a{i}' / 'analysis.csv') for i in range(3)]
+    assert all(t.equals(tables[0]) for t in tables)                                      # the same model each time
+    cards = {(tmp_path / f'hub{i}' / 'README.md').read_text() for i in range(3)}
+    assert len(cards) == 1
+    for argv, words in ((('report', run.path), 'is a run of the experiment'), (('study', run.path, '--mech'), 'is a run of the experiment'),
+                        (('sweep', 'digits', '--out', run.path), 'is a run, not an experiment directory'),
+                        (('export', run.train.config, tmp_path / 'hub9'), 'is a file, not a run'),
+                        (('analyze', tmp_path / 'nowhere'), 'no trained model at')):
+        rc, err = cli(capsys, *argv)
+        assert rc == 2 and words in err, (argv, err)

@@ -10,8 +10,10 @@ from fastai.torch_core import set_seed
 from PIL import Image
 
 import pe_anchors.data as D
-from pe_anchors.data import (IMAGENET100_WNIDS, ImageData, ImageSplit, BatchAug, translate_flip, resized_crop,
-                             random_boxes, digits, image_folder, imagenet100, cifar10, get_data)
+from pe_anchors.data import (IMAGENET100_WNIDS, ImageSplit, BatchAug, translate_flip, resized_crop, random_boxes,
+                             digits, image_folder, imagenet100, cifar10, get_data)
+import dataclasses, shutil
+from pe_anchors.data import decode_file
 
 
 def test_cmc_list():
@@ -227,3 +229,77 @@ def test_in_memory_batches_stay_on_the_gpu():
     xu, yu = next(d.valid_uint8(bs=50, device='cuda'))
     assert xu.is_cuda and xu.dtype == torch.uint8
     torch.testing.assert_close(d.normalize(xu).cpu(), d.normalize(xu.cpu()))
+
+
+def _folder(root: Path, classes, n=2, splits=('train', 'val')):
+    from PIL import Image
+    for s in splits:
+        for ci, c in enumerate(classes):
+            (root / s / c).mkdir(parents=True, exist_ok=True)
+            for i in range(n): Image.new('RGB', (10, 10), (30 * i, 40 * ci, 90)).save(root / s / c / f'{i}.png')
+
+
+def test_out_of_range_labels_are_refused_at_load(small, tmp_path):
+    with pytest.raises(ValueError, match=r'valid labels .*12.*outside 0\.\.9'):
+        dataclasses.replace(small, valid=ImageSplit(torch.full((4,), 12), images=small.valid.images[:4]))
+    with pytest.raises(ValueError, match=r'train labels .*-1'):
+        dataclasses.replace(small, train=ImageSplit(torch.full((4,), -1), images=small.train.images[:4]))
+    from torchvision.io import encode_jpeg
+    jpg = [encode_jpeg(small.train.images[i]).numpy() for i in range(6)]
+    off = np.cumsum([0] + [len(j) for j in jpg])
+    np.savez(tmp_path / 'c.npz', train_jpeg=np.concatenate(jpg), train_offsets=off, train_labels=np.array([0, 1, 2, 3, 4, 10]),
+             val_jpeg=np.concatenate(jpg), val_offsets=off, val_labels=np.arange(6), classes=np.array([str(i) for i in range(10)]))
+    with pytest.raises(ValueError, match=r'train labels .*10.*outside 0\.\.9'): cifar10(tmp_path / 'c.npz')
+
+
+@pytest.mark.parametrize('in_memory', [True, False])
+def test_a_16_bit_png_loads(tmp_path, in_memory):
+    from PIL import Image
+    _folder(tmp_path, ['a', 'b'])
+    v = (np.arange(100, dtype=np.uint16).reshape(10, 10) * 650)                 # 0..64350 over the 16-bit range
+    deep = tmp_path / 'train' / 'b' / 'deep.png'
+    Image.fromarray(v).save(deep)
+    assert Image.open(deep).mode == 'I;16'
+    want = torch.from_numpy(np.round(v / 257.).astype(np.uint8))                # 65535 -> 255
+    x = decode_file(deep)
+    assert x.dtype == torch.uint8 and x.shape == (3, 10, 10) and all(torch.equal(x[c], want) for c in range(3))
+    data = image_folder(tmp_path, img_size=10, in_memory=in_memory)
+    assert len(data.train) == 5
+    if in_memory: got, label = data.train.images[4], data.train.labels[4]    # a/0, a/1, b/0, b/1, b/deep
+    else: got, label = data.dls(bs=5, device='cpu', num_workers=0, aug='none').train.dataset[data.train.files.index(str(deep))]
+    assert torch.equal(got[0], want) and int(label) == 1
+
+
+def test_an_undecodable_image_names_its_file(tmp_path):
+    (tmp_path / 'x.png').write_bytes(b'\x89PNG\r\n\x1a\nbroken')
+    with pytest.raises(ValueError, match=r'x\.png'): decode_file(tmp_path / 'x.png')
+
+
+def test_an_empty_or_missing_class_folder_is_named(tmp_path):
+    _folder(tmp_path, ['cat', 'dog', 'eel'])
+    for f in (tmp_path / 'train' / 'dog').iterdir(): f.unlink()
+    with pytest.raises(ValueError, match=r"train.*'dog'.*no image"): image_folder(tmp_path, img_size=8)
+    _folder(tmp_path, ['dog'], splits=('train',))
+    shutil.rmtree(tmp_path / 'val' / 'eel')
+    with pytest.raises(ValueError, match=r"'eel'.*no folder in .*val"): image_folder(tmp_path, img_size=8)
+    (tmp_path / 'val' / 'eel').mkdir()
+    with pytest.raises(ValueError, match=r"val.*'eel'.*no image"): image_folder(tmp_path, img_size=8, in_memory=False)
+
+
+def test_an_animated_gif_in_an_image_folder_is_skipped_and_named(tmp_path, caplog):
+    from PIL import Image
+    from pe_anchors.data import decode_file, image_folder
+    for split in ('train', 'val'):
+        for c in ('a', 'b'):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(2): Image.new('RGB', (8, 8), (60 * i, 0, 0)).save(tmp_path / split / c / f'{i}.png')
+    frames = [Image.new('RGB', (8, 8), (0, 0, 40 * k)) for k in range(3)]
+    gif = tmp_path / 'train' / 'a' / 'anim.gif'
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    with pytest.raises(ValueError, match=r'anim.gif is animated \(3 frames\)'): decode_file(gif, 8)
+    for in_memory in (True, False):
+        with caplog.at_level('WARNING', logger='pe_anchors.data'):
+            d = image_folder(tmp_path, img_size=8, in_memory=in_memory)
+        assert len(d.train) == 4 and 'anim.gif' in caplog.text, caplog.text     # the four still images, the GIF named
+        assert not in_memory or 'is animated (3 frames)' in caplog.text, caplog.text     # decoded: and why
+        caplog.clear()

@@ -5,7 +5,7 @@ import timm
 import torch
 
 from pe_anchors.explorer import Explorer
-from pe_anchors.vit import TokenRecorder
+from pe_anchors.hooks import TokenRecorder
 
 
 def test_similarity_map_equals_brute_force():

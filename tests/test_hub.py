@@ -8,7 +8,8 @@ import torch
 
 import pe_anchors  # noqa: F401  (registers the pe_vit_* architectures)
 from pe_anchors.pos_embed import PE_NAMES
-from pe_anchors.vit import PEViT, load_checkpoint, save_checkpoint, save_hub
+from pe_anchors.vit import PEViT
+from pe_anchors.hub import load_checkpoint, save_checkpoint, save_hub
 
 STATS = dict(mean=(.1, .2, .3), std=(.4, .5, .6))
 
@@ -129,3 +130,13 @@ def test_hub_any_timm_model(tmp_path):
     back = timm.create_model(f'local-dir:{out}', pretrained=True).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad(): assert torch.equal(back(x), cnn(x))
+
+
+@pytest.mark.parametrize('pe', PE_NAMES)
+def test_safetensors_round_trip(tmp_path, pe):
+    m = timm.create_model('pe_vit_tiny_patch4_32', pe=pe, num_classes=3).eval()
+    path = save_checkpoint(m, tmp_path / 'm.safetensors', extra={'epoch': 4})
+    m2 = load_checkpoint(path).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(): assert torch.equal(m(x), m2(x))
+    with pytest.raises(FileNotFoundError): load_checkpoint(tmp_path / 'missing.safetensors')

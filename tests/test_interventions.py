@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from pe_anchors.results import RESULT_COLUMNS
 from pe_anchors.pos_embed import sincos_2d
 from pe_anchors.core import image_perms
-from pe_anchors.vit import PEViT, TokenRecorder, TokenPermutation
+from pe_anchors.vit import PEViT
+from pe_anchors.hooks import TokenRecorder, TokenPermutation
 from pe_anchors.ssdc import ssdc_curve, ssdc_from_similarity
 from pe_anchors.interventions import (SSDC_MODES, SSDCRuns, spread, measure_ssdc, delta_ssdc, ssdc_trajectories,
                                       pe_scaled, alpha_sweep)
@@ -235,7 +236,7 @@ def test_plot_ssdc_paper_style(batches):
 
 def test_measure_ssdc_at_another_tap_point(batches):
     "`point` reaches the recorder: SSDC of the blocks' outputs, by hand from TokenRecorder features, under a fixed RPI draw."
-    from pe_anchors.vit import TokenRecorder
+    from pe_anchors.hooks import TokenRecorder
     from pe_anchors.ssdc import ssdc as ssdc_of
     model = vit('spe').eval()
     runs = measure_ssdc(model, batches, 'rpi', n_perms=1, perm_seed=5, point='block', layers=[1, 2])

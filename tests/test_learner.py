@@ -1,5 +1,5 @@
 """pe_anchors.learner: recipes, optimiser groups, run directories, exact resume, determinism, DDP, benchmark."""
-import csv, json, os, socket, subprocess, sys
+import json, os, socket, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -10,12 +10,12 @@ from fastai.optimizer import OptimWrapper
 
 from pe_anchors.callback.permute import RPT
 from pe_anchors.data import digits
-from pe_anchors.learner import (RECIPES, get_recipe, SoftTargetCE, wd_param_groups, param_groups, pe_learner, fit_recipe, train,
-                                last_checkpoint, pe_splitter)
+from pe_anchors.learner import (RECIPES, get_recipe, SoftTargetCE, param_groups, pe_learner, fit_recipe, train,
+                                pe_splitter)
 from pe_anchors.pos_embed import PE_NAMES
-from pe_anchors.vit import load_checkpoint
+from pe_anchors.hub import load_checkpoint
 
-from conftest import FAST, stop_after, weights
+from conftest import FAST, weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,34 +158,6 @@ def test_same_seed_same_weights(small):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
-class StopAfter(Callback):
-    order = 99
-    def __init__(self, epoch): self.stop = epoch
-    def after_epoch(self):
-        if self.epoch == self.stop: raise KeyboardInterrupt('simulated interruption')
-
-
-@pytest.mark.parametrize('condition', ['rpt'])
-def test_interrupted_run_resumes_to_identical_weights(tmp_path, small, condition):
-    kw = dict(epochs=3, **FAST)
-    full = train(condition, small, run_dir=tmp_path / 'full', **kw)
-    with pytest.raises(KeyboardInterrupt):
-        train(condition, small, run_dir=tmp_path / 'cut', cbs=[stop_after(1)], **kw)
-    assert last_checkpoint(tmp_path / 'cut').name == 'epoch_001'
-    assert not (tmp_path / 'cut' / 'final.json').exists()
-    resumed = train(condition, small, run_dir=tmp_path / 'cut', **kw)
-    assert resumed['learn'].resume_epoch == 2                                   # from the checkpoint, not from scratch
-    wf, wr = _weights(full), _weights(resumed)
-    assert all(torch.equal(wf[k], wr[k]) for k in wf)
-    rows = lambda p: [{k: v for k, v in r.items() if k not in ('time_s', 'train_img_s')}
-                      for r in csv.DictReader(open(p / 'metrics.csv'))]
-    assert rows(tmp_path / 'cut') == rows(tmp_path / 'full') and len(rows(tmp_path / 'full')) == 3
-    assert resumed['accuracy'] == full['accuracy']
-    # a finished run is not trained again: its final weights are loaded
-    again = train(condition, small, run_dir=tmp_path / 'cut', **kw)
-    assert all(torch.equal(wf[k], v) for k, v in _weights(again).items())
-
-
 def test_run_directory_layout(tmp_path, small):
     res = train('ape', small, run_dir=tmp_path, epochs=2, **FAST)
     files = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob('*') if p.is_file()}
@@ -203,13 +175,6 @@ def test_run_directory_layout(tmp_path, small):
     assert abs(final['accuracy'] - float(res['learn'].validate()[1])) < 1e-6
     header = (tmp_path / 'metrics.csv').read_text().splitlines()[0].split(',')
     assert header == ['epoch', 'train_loss', 'valid_loss', 'accuracy', 'lr', 'time_s', 'train_img_s']
-
-
-def test_resume_refuses_a_different_run(tmp_path, small):
-    train('ape', small, run_dir=tmp_path, epochs=1, **FAST)
-    with pytest.raises(ValueError, match=r"different run \(differs in \['condition', 'pe'\]\)"):
-        pe_learner(small, 'rope', run_dir=tmp_path, epochs=1, **FAST)
-    pe_learner(small, 'rope', run_dir=tmp_path, resume=False, epochs=1, **FAST)   # explicit restart is allowed
 
 
 def _free_port():
@@ -248,16 +213,6 @@ def test_progress_bars_on_request(small):
     assert not any(isinstance(cb, ProgressCallback) for cb in quiet.cbs) and quiet.logger is not print
     shown = pe_learner(small, **{**FAST, 'show_progress': True})
     assert any(isinstance(cb, Progress) for cb in shown.cbs)
-
-
-def test_restart_clears_old_results(tmp_path, small):
-    train('ape', small, run_dir=tmp_path, epochs=2, **FAST)
-    learn = pe_learner(small, 'ape', run_dir=tmp_path, resume=False, epochs=1, **FAST)
-    assert not (tmp_path / 'final.json').exists() and last_checkpoint(tmp_path) is None
-    fit_recipe(learn)
-    assert last_checkpoint(tmp_path).name == 'epoch_000'
-    assert len(list(csv.DictReader(open(tmp_path / 'metrics.csv')))) == 1
-    assert json.loads((tmp_path / 'final.json').read_text())['epochs'] == 1
 
 
 # pe_learner's parts, each on its own
@@ -324,13 +279,13 @@ def test_run_config_and_open_run(small, tmp_path):
     assert (cfg['condition'], cfg['rpt_mode'], cfg['seed'], cfg['num_classes'], cfg['recipe']['bs']) == ('rpt', 'sample', 3, 10, 32)
     assert run_config('ape', 'ape', False, 'sample', 'm', None, small, r, 0, 1, torch.device('cpu'))['rpt_mode'] is None
     net = build_model('pe_vit_nano_patch2_16', 10, pe='ape', model_kwargs=dict(depth=2))
-    assert open_run(None, cfg, net) == (None, 0)
+    assert open_run(None, cfg, net) is None
     learn = pe_learner(small, 'ape', run_dir=tmp_path / 'run', show_progress=False, model_kwargs=dict(depth=2), epochs=1, bs=32)
     fit_recipe(learn)                                                           # one finished epoch in the run directory
-    run, start = open_run(tmp_path / 'run', learn.config, learn.model)
-    assert run.run_dir == tmp_path / 'run' and start == 1                      # resumed after its last checkpoint
-    run, start = open_run(tmp_path / 'run', learn.config, learn.model, resume=False)
-    assert start == 0 and not (tmp_path / 'run' / 'checkpoints').exists()      # cleared
+    run = open_run(tmp_path / 'run', learn.config, learn.model)
+    assert run.run_dir == tmp_path / 'run' and run.start_epoch == 1            # resumed after its last checkpoint
+    run = open_run(tmp_path / 'run', learn.config, learn.model, resume=False)
+    assert run.start_epoch == 0 and not (tmp_path / 'run' / 'checkpoints').exists()   # cleared
 
 
 # ---------------------------------------------------------------- trackers (the `tracking` extra: tensorboard, wandb)
@@ -374,3 +329,53 @@ def test_wandb_online_needs_the_network_asked_for(tmp_path, capsys, monkeypatch)
     err = capsys.readouterr().err
     assert rc == 2 and 'Weights & Biases' in err and 'WANDB_MODE=offline' in err and '--allow-network' in err, err
     assert not (tmp_path / 'run').exists()                                       # refused before anything ran
+
+
+def test_paper_recipe_builds_the_released_model():
+    from pe_anchors.learner import pe_learner
+    learn = pe_learner('digits', 'ape', recipe='paper', show_progress=False, device='cpu', epochs=1)
+    assert learn.model.style == 'released' and learn.config['recipe']['model_style'] == 'released'
+    assert pe_learner('digits', 'ape', show_progress=False, device='cpu').model.style == 'timm'
+
+
+def test_divergence_without_a_run_directory_warns(small):
+    with pytest.warns(UserWarning, match='training diverged at epoch 0'):
+        train('ape', small, epochs=1, lr=1e6, **FAST)
+
+
+def test_a_diverging_run_stops_with_a_message(small, tmp_path):
+    with pytest.raises(ValueError, match='training diverged at epoch 0'):
+        train('ape', small, run_dir=tmp_path / 'run', epochs=2, lr=1e6, **FAST)
+    assert not (tmp_path / 'run' / 'final.json').exists()
+
+
+@pytest.mark.parametrize('env, words', [
+    (dict(MASTER_ADDR='127.0.0.1', PE_ANCHORS_DIST_TIMEOUT='3'), ['did not join within 3 s', 'torchrun', 'PE_ANCHORS_DIST_TIMEOUT']),
+    (dict(), ['MASTER_ADDR', 'torchrun', 'unset WORLD_SIZE'])], ids=['waits-for-rank-1', 'no-launcher'])
+def test_a_second_rank_that_never_comes_times_out(tmp_path, env, words):
+    e = {**os.environ, 'WORLD_SIZE': '2', 'RANK': '0', 'LOCAL_RANK': '0', 'PE_ANCHORS_QUIET': '1', **env}
+    if 'MASTER_ADDR' in env: e['MASTER_PORT'] = str(_free_port())
+    else: e.pop('MASTER_ADDR', None); e.pop('MASTER_PORT', None)
+    r = subprocess.run([sys.executable, '-m', 'pe_anchors.cli', 'train', '--out', str(tmp_path / 'run'), '--epochs', '1',
+                        '--device', 'cpu', '--quiet'], capture_output=True, text=True, env=e, timeout=90)
+    lines = [l for l in r.stderr.splitlines() if l.strip() and 'Warning' not in l and 'warnings.warn' not in l]
+    assert r.returncode == 2 and len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert all(w in lines[0] for w in words), lines
+
+
+def test_the_run_recorder_is_a_callback_from_the_start(small, tmp_path):
+    """The recorder is in `learn.cbs` when the learner is built and keeps where the run stands; fastai's validate and
+    get_preds send the fit's events too, and leave the run directory as it is."""
+    from pe_anchors.learner import RunRecorder, run_recorder
+    learn = pe_learner(small, 'ape', run_dir=tmp_path, epochs=1, **FAST)
+    rec = run_recorder(learn)
+    assert isinstance(rec, RunRecorder) and rec in learn.cbs and learn.run_recorder is rec and rec.start_epoch == 0
+    assert run_recorder(pe_learner(small, 'ape', epochs=1, **FAST)) is None              # no run directory, no recorder
+    fit_recipe(learn)
+    files = {p: p.stat().st_mtime_ns for p in tmp_path.rglob('*') if p.is_file()}
+    learn.validate(); learn.get_preds()
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob('*') if p.is_file()} == files
+    assert rec.finished(1, learn.model) and fit_recipe(learn)['epochs'] == 1            # done: loaded, not fitted again
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob('*') if p.is_file()} == files
+    again = pe_learner(small, 'ape', run_dir=tmp_path, epochs=1, **FAST)
+    assert again.run_recorder.start_epoch == 1 and again.run_recorder.finished(1, again.model)

@@ -11,7 +11,7 @@ from pe_anchors.mech.position import (POSITION_TARGETS, PositionProbe, fit_posit
                                     knockout_mask, layer_tokens, permutation_sensitivity, position_labels,
                                     position_removed, retention, rope_knockout, rotary_axes, split_images,
                                     withheld_retention)
-from pe_anchors.vit import TokenRecorder
+from pe_anchors.hooks import TokenRecorder
 
 ROWS_4 = [2, 0, 3, 1]
 COLS_4 = [1, 3, 0, 2]

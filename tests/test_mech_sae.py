@@ -179,7 +179,7 @@ def test_controls_matched_on_the_norm_removed():
     sel = position_selectivity(latent_position_means(sae, toks), 8)
     lat = sel.nlargest(8, 'pos_sel').latent.to_numpy()
     # the norm removed, by hand: the tokens entering block 1 with and without the ablation
-    from pe_anchors.vit import TokenRecorder
+    from pe_anchors.hooks import TokenRecorder
     def entering(ablate):                                             # the recorder's hook after the ablation's
         with sae_ablation(m, sae, 1, lat if ablate else []), TokenRecorder(m, 'resid', layers=[1]) as rec, torch.no_grad():
             return torch.cat([(m(x), rec.patch_tokens('resid')[0])[1] for x, _ in data])

@@ -4,8 +4,8 @@ import json
 import pandas as pd
 import pytest
 
-from pe_anchors.report import EXPERIMENT_DEFAULTS, report_meta, write_report
-from pe_anchors.results import write_results
+from pe_anchors.report import EXPERIMENT_DEFAULTS, missing_runs, report_meta, write_report
+from pe_anchors.results import load_results, write_results
 from pe_anchors.testing import synthetic_results
 
 
@@ -79,3 +79,15 @@ def test_report_of_an_experiment_file_without_newer_fields(tmp_path, df):
     (tmp_path / 'd' / 'experiment.json').write_text(json.dumps(dict(name='old')))
     m = report_meta(tmp_path / 'd')
     assert m['experiment']['rpi_mode'] == 'rpi' and m['experiment']['n_perms'] == N_PERMS and m['experiment']['name'] == 'old'
+
+
+def test_runs_the_experiment_declares_but_its_table_lacks_are_stated(tmp_path, df):
+    "A seed dropped (or not finished yet) is said: the experiment's conditions × seeds against the runs in its table."
+    write_results(df, tmp_path / 'r' / 'results.csv')
+    conds = sorted(df['condition'].unique())
+    (tmp_path / 'r' / 'meta.json').write_text(json.dumps(dict(experiment=dict(name='e', conditions=conds, seeds=[0, 1, 2, 3]))))
+    table = tmp_path / 'r' / 'results.csv'
+    assert missing_runs(report_meta(table)['experiment'], load_results(table)) == [f'{c}-s3' for c in conds]
+    assert missing_runs(None, df) == [] and missing_runs(dict(conditions=conds, seeds=[0, 1, 2]), df) == []
+    text = write_report(table, tmp_path / 'out').read_text()
+    assert f"not in the table, though the experiment declares them: {', '.join(f'{c}-s3' for c in conds)}" in text

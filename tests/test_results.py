@@ -7,6 +7,7 @@ import pytest
 
 from pe_anchors.results import (DATASET_CLASSES, PEAK_METRIC, chance_level, gather, load_results, near_chance, peak_rpi,
                                 read_results, result_frame, with_peak_rpi, write_results)
+from pe_anchors.results import concat_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,3 +123,17 @@ def test_dataset_classes_agree_with_the_data_module():
     assert DATASET_CLASSES['cifar10'] == len(CIFAR10_CLASSES) and DATASET_CLASSES['imagenet100'] == len(IMAGENET100_WNIDS)
     from sklearn.datasets import load_digits
     assert DATASET_CLASSES['digits'] == len(np.unique(load_digits().target))
+
+
+def test_result_tables_of_one_experiment_over_seeds_combine():
+    "The committed tables read back whole, and a table of other seeds of the same experiment joins them."
+    for p in sorted((ROOT / 'nbs' / 'results').glob('*/results.csv')):
+        df = read_results(p)
+        assert len(df) > 0 and df['seed'].dtype.kind == 'i' and df['value'].dtype.kind == 'f', p
+    committed = read_results(ROOT / 'nbs' / 'results' / 'cifar10-cpu' / 'results.csv')
+    seed0 = committed[committed['seed'] == 0]
+    more = pd.concat([seed0.assign(seed=7), seed0.assign(seed=8)], ignore_index=True)
+    both = concat_results({'committed': committed, 'new': more})
+    assert set(both['seed']) == set(committed['seed']) | {7, 8} and len(both) == len(committed) + 2 * len(seed0)
+    with pytest.raises(ValueError, match='duplicate result rows'):                # the same seed twice is refused
+        concat_results({'committed': committed, 'again': seed0})

@@ -3,7 +3,7 @@
 References are written out here, independently of the module: PSNR, a PIL encode/decode loop, a brute-force
 per-channel Gaussian convolution, the FS formula, numpy's sample SD.
 """
-import io, json, math, os, warnings
+import io, json, math, warnings
 
 import numpy as np
 import pandas as pd
@@ -442,3 +442,18 @@ def test_blur_keeps_flat_images_at_their_level(severity):
         x = levels.to(torch.uint8).view(-1, 1, 1, 1).expand(-1, 3, size, size).contiguous()       # flat images
         s = make_shift('blur', severity, img_size=size, ref_size=size)
         assert torch.equal(s(x), x), (severity, size, s.description())
+
+
+def test_the_shift_cache_follows_the_content_and_its_checksum(tmp_path):
+    from pe_anchors.robustness import JPEG, TensorBatches, shifted_set
+    x = torch.randint(0, 256, (40, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(40) % 10
+    a, _ = shifted_set(TensorBatches(x, y, 16), JPEG(20), cache_dir=tmp_path, dataset_id='d')
+    more = torch.cat([x, x[:20]]), torch.cat([y, y[:20]])                       # the folder grew
+    b, _ = shifted_set(TensorBatches(*more, 16), JPEG(20), cache_dir=tmp_path, dataset_id='d')
+    assert len(b) == 60 and len(list(tmp_path.glob('*.safetensors'))) == 2
+    f = sorted(tmp_path.glob('*.safetensors'), key=lambda p: p.stat().st_size)[0]
+    raw = bytearray(f.read_bytes()); raw[-3] ^= 0xFF; f.write_bytes(bytes(raw))  # flipped bits
+    with pytest.warns(UserWarning, match='damaged cache file'):
+        c, _ = shifted_set(TensorBatches(x, y, 16), JPEG(20), cache_dir=tmp_path, dataset_id='d')
+    assert torch.equal(a, c)

@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 from hypothesis.extra.numpy import arrays
 
 from pe_anchors.pos_embed import sincos_2d
-from pe_anchors.vit import PEViT, TokenRecorder
+from pe_anchors.vit import PEViT
+from pe_anchors.hooks import TokenRecorder
 from pe_anchors.ssdc import (DISTANCES, grid_distance, upper_pairs, average_ranks, spearman, token_similarity,
                              ssdc_from_similarity, ssdc, ssdc_per_image, SSDCAccumulator, ssdc_curve, bootstrap_ci)
 

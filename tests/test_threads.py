@@ -1,5 +1,5 @@
-"""Under load (issue 24, section 3): `--threads` on every command that computes, torch threads chosen from the cores
-other processes leave free (at start and each epoch), and a one-line hint when the machine is busy."""
+"""Under load: `--threads` on every command that computes, torch threads chosen from the cores other processes leave
+free (at start and each epoch), and a one-line hint when the machine is busy."""
 import dataclasses, time
 
 import pytest

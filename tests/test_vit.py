@@ -1,36 +1,38 @@
-"""The foundation: package layout, timm registry, positional encodings and the backbone (exported package)."""
-import configparser, json, math, re, sys
-from pathlib import Path
+"""pe_anchors.vit: the registry, the paper's ViT-S, the block's rotation and attention bias against written-out
+formulas, tables built once per pass, conv q/k/v projections, the released style and timm's API."""
+import math
 
 import pytest
 import torch
 import timm
-from hypothesis import given, settings, strategies as st
 
-import pe_anchors
-from pe_anchors.core import grid_coords
-from pe_anchors.pos_embed import (PE_NAMES, SinCos2D, RoPE2D, RoPEMixed, LearnedAPE, NoPE, create_pos_embed,
-                                  apply_rope)
-from pe_anchors.vit import PEViT, TokenRecorder, TokenPermutation, save_checkpoint, load_checkpoint, MODEL_CONFIGS
+import pe_anchors  # noqa: F401
+from pe_anchors.pos_embed import PE_NAMES
+from pe_anchors.vit import PEViT, MODEL_CONFIGS
+from pe_anchors.hooks import TokenRecorder
+from pe_anchors.hub import save_checkpoint, load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def test_version_matches_settings():
-    cfg = configparser.ConfigParser(); cfg.read(ROOT / 'settings.ini')
-    assert pe_anchors.__version__ == cfg['DEFAULT']['version']
+from conftest import sharpen, small_vit
 
 
-def test_readme_mirrors_index_and_has_two_commands():
-    readme = (ROOT / 'README.md').read_text()
-    nb = json.loads((ROOT / 'nbs' / 'index.ipynb').read_text())
-    md = '\n'.join(''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'markdown')
-    for heading in re.findall(r'^##+ .*$', md, flags=re.M): assert heading in readme, heading
-    sys.path.insert(0, str(ROOT / 'tools'))
-    from make_readme import readme_text
-    assert readme == readme_text(), "README.md is out of step with nbs/index.ipynb: run python tools/make_readme.py"
-    cmds = re.findall(r'^python3 -m venv .*$', readme, flags=re.M)
-    assert len(cmds) == 2 and cmds[0].endswith('pe_anchors demo') and 'pytest' in cmds[1]
+def _axial_rotation(t, grid, theta=10000.):
+    "Axial 2D RoPE written out for patch tokens (..., H*W, D) in row-major order: in each half, channel i pairs with i + n."
+    (H, W), D = grid, t.shape[-1]
+    n, out = D // 4, t.clone()
+    for tok in range(H * W):
+        y, x = divmod(tok, W)
+        for half, coord in ((0, x), (1, y)):                      # quarters 1-2 turn by x theta_i, quarters 3-4 by y theta_i
+            for i in range(n):
+                a = coord * theta ** (-i / n)
+                i1, i2 = 2 * n * half + i, 2 * n * half + n + i
+                u1, u2 = t[..., tok, i1], t[..., tok, i2]
+                out[..., tok, i1], out[..., tok, i2] = u1 * math.cos(a) - u2 * math.sin(a), u2 * math.cos(a) + u1 * math.sin(a)
+    return out
+
+
+def _dropout_census(m):
+    "Name -> p of every dropout site of a PEViT (modules whose p is above 0)."
+    return {n: mod.p for n, mod in m.named_modules() if isinstance(mod, torch.nn.Dropout) and mod.p > 0}
 
 
 def test_registry_lists_models():
@@ -56,34 +58,6 @@ def test_paper_config_forward_and_taps(pe):
     with torch.no_grad(), TokenRecorder(m, 'ln1') as rec: out = m(torch.randn(2, 3, 224, 224))
     assert out.shape == (2, 10)
     assert rec.patch_tokens().shape == (12, 2, 196, 384)
-
-
-def test_sincos_matches_written_out_formula():
-    D, H, W = 24, 4, 3
-    pe = SinCos2D((H, W), D, num_prefix_tokens=1).grid_table[0]
-    for k in range(H * W):
-        y, x = k // W, k % W
-        for j in range(D // 4):
-            w = 10000 ** (-j / (D / 4))
-            assert pe[k, j] == pytest.approx(math.sin(x * w), abs=1e-6)
-            assert pe[k, D // 4 + j] == pytest.approx(math.cos(x * w), abs=1e-6)
-            assert pe[k, D // 2 + j] == pytest.approx(math.sin(y * w), abs=1e-6)
-            assert pe[k, 3 * D // 4 + j] == pytest.approx(math.cos(y * w), abs=1e-6)
-
-
-def _axial_rotation(t, grid, theta=10000.):
-    "Axial 2D RoPE written out for patch tokens (..., H*W, D) in row-major order: in each half, channel i pairs with i + n."
-    (H, W), D = grid, t.shape[-1]
-    n, out = D // 4, t.clone()
-    for tok in range(H * W):
-        y, x = divmod(tok, W)
-        for half, coord in ((0, x), (1, y)):                      # quarters 1-2 turn by x theta_i, quarters 3-4 by y theta_i
-            for i in range(n):
-                a = coord * theta ** (-i / n)
-                i1, i2 = 2 * n * half + i, 2 * n * half + n + i
-                u1, u2 = t[..., tok, i1], t[..., tok, i2]
-                out[..., tok, i1], out[..., tok, i2] = u1 * math.cos(a) - u2 * math.sin(a), u2 * math.cos(a) + u1 * math.sin(a)
-    return out
 
 
 @pytest.mark.parametrize('pe', ['rope', 'ape_rope'])
@@ -129,92 +103,20 @@ def test_pe_tables_built_once_per_pass(pe, pe_kwargs, per_block):
     assert calls[-1] == (1 if per_block else 0)                              # the blocks run, no more
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.integers(0, 3), st.integers(0, 4), st.integers(0, 3), st.integers(0, 4), st.integers(-2, 2), st.integers(-3, 3),
-       st.sampled_from(['rope', 'rope_mixed']))
-def test_rope_score_is_translation_invariant(r1, c1, r2, c2, dr, dc, kind):
-    H, W, hd = 6, 8, 16
-    torch.manual_seed(1)
-    rope = (RoPE2D if kind == 'rope' else RoPEMixed)((H, W), hd, num_heads=1, num_prefix_tokens=0)
-    q, k = torch.randn(hd), torch.randn(hd)
-    def score(i, j):
-        Q = torch.zeros(1, 1, H * W, hd); K = torch.zeros_like(Q)
-        Q[0, 0, i], K[0, 0, j] = q, k
-        with torch.no_grad(): Qr, Kr = apply_rope(Q, rope.rope(0)), apply_rope(K, rope.rope(0))   # as a block's attention
-        return float(Qr[0, 0, i] @ Kr[0, 0, j])
-    def idx(r, c): return r * W + c
-    R1, C1, R2, C2 = r1 + dr, c1 + dc, r2 + dr, c2 + dc
-    if not all(0 <= v < lim for v, lim in ((R1, H), (R2, H), (C1, W), (C2, W))): return
-    assert score(idx(r1, c1), idx(r2, c2)) == pytest.approx(score(idx(R1, C1), idx(R2, C2)), abs=1e-4)
-
-
-def test_bad_inputs_raise_clear_errors():
-    with pytest.raises(ValueError, match='divisible by 4, got 30'): SinCos2D(4, 30)
-    with pytest.raises(ValueError, match='head_dim divisible by 4, got 30'): RoPE2D(4, 30, 2)
-    with pytest.raises(ValueError, match="valid: 'none', 'ape', 'spe', 'rope', 'rope_mixed'"): create_pos_embed('abs', 4, 32, 2)
-    with pytest.raises(ValueError, match='alpha must be'): LearnedAPE(4, 8).alpha = -0.5
-    with pytest.raises(ValueError, match='= 10 tokens, got 11'): LearnedAPE(3, 8)(torch.randn(1, 11, 8))
-    with pytest.raises(ValueError, match='grid_size'): NoPE((0, 2))
-
-
-@pytest.mark.parametrize('pe', PE_NAMES)
-def test_alpha_zero_equals_nope_model(pe):
-    # with alpha = 0 every PE model computes exactly what the same weights compute with no PE
-    torch.manual_seed(0)
-    m = timm.create_model('pe_vit_nano_patch1_8', pe=pe).eval()
-    ref = timm.create_model('pe_vit_nano_patch1_8', pe='none').eval()
-    ref.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith('pos_embed.')})
-    x = torch.randn(2, 3, 8, 8)
-    with torch.no_grad(), m.pos_embed.scaled(0.): torch.testing.assert_close(m(x), ref(x), atol=1e-6, rtol=0)
-
-
-def test_permutation_equivariance_paper_config():
-    torch.manual_seed(0)
-    x, perm = torch.randn(2, 3, 224, 224), torch.randperm(196)
-    for pe in ('none', 'ape'):
-        m = timm.create_model('pe_vit_small_patch16_224', pe=pe).eval()
-        with torch.no_grad():
-            for blk in m.blocks: blk.attn.qkv.weight.mul_(3)   # sharper attention; x10 turns 12 layers chaotic in fp32
-            if pe == 'ape': m.pos_embed.pos_embed.mul_(50)
-            with TokenRecorder(m, 'block', layers=[11]) as rec: base = m(x)
-            ref = rec.patch_tokens('block')
-            with TokenRecorder(m, 'block', layers=[11]) as rec, TokenPermutation(m, perm=perm): out = m(x)
-        err = (rec.patch_tokens('block') - ref[:, :, perm]).norm() / ref.norm()
-        if pe == 'none':
-            torch.testing.assert_close(out, base, atol=1e-5, rtol=1e-4); assert err < 1e-5
-        else:
-            assert err > 0.05 and ((out - base).norm() / base.norm()) > 0.01
-
-
-def test_per_sample_permutation_is_a_permutation_and_seeded():
-    m = timm.create_model('pe_vit_nano_patch1_8', pe='none').eval()
-    x = torch.randn(5, 3, 8, 8)
-    with torch.no_grad(), TokenPermutation(m, mode='sample', seed=3) as tp: m(x)
-    p = tp.last_perm
-    assert p.shape == (5, 64) and torch.equal(p.sort(1).values, torch.arange(64).expand(5, -1))
-    with torch.no_grad(), TokenPermutation(m, mode='sample', seed=3) as tp2: m(x)
-    assert torch.equal(tp2.last_perm, p)
-
-
-def test_recorder_on_timm_vit():
-    m = timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=0, img_size=32, patch_size=8).eval()
-    with torch.no_grad(), TokenRecorder(m, ('ln1', 'block')) as rec, TokenPermutation(m, seed=0): m(torch.randn(2, 3, 32, 32))
-    assert rec.patch_tokens('ln1').shape == (12, 2, 16, 192)
-
-
-@pytest.mark.parametrize('pe', PE_NAMES)
-def test_safetensors_round_trip(tmp_path, pe):
-    m = timm.create_model('pe_vit_tiny_patch4_32', pe=pe, num_classes=3).eval()
-    path = save_checkpoint(m, tmp_path / 'm.safetensors', extra={'epoch': 4})
-    m2 = load_checkpoint(path).eval()
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad(): assert torch.equal(m(x), m2(x))
-    with pytest.raises(FileNotFoundError): load_checkpoint(tmp_path / 'missing.safetensors')
-
-
-def test_package_does_not_depend_on_shared():
-    for f in (ROOT / 'pe_anchors').rglob('*.py'):
-        assert 'shared/' not in f.read_text(), f
+def test_attention_with_a_bias_against_a_written_out_softmax():
+    m = sharpen(small_vit('rpb'))
+    x = torch.randn(2, 3, 16, 16)
+    blk, attn = m.blocks[1], m.blocks[1].attn
+    tokens = m._embed(x)
+    tokens = m.blocks[0](tokens, attn_bias=m.pos_embed.attn_bias(0))
+    h = blk.norm1(tokens)
+    q, k, v = attn._qkv(h).unbind(0)
+    bias = m.pos_embed.attn_bias(1)
+    logits = torch.einsum('bhnd,bhmd->bhnm', q, k) / math.sqrt(attn.head_dim) + bias
+    want = attn.proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(2, -1, 32))
+    torch.testing.assert_close(attn(h, attn_bias=bias), want, atol=1e-5, rtol=1e-5)
+    attn.fused_attn = False
+    torch.testing.assert_close(attn(h, attn_bias=bias), want, atol=1e-5, rtol=1e-5)
 
 
 def test_conv_qkv_matches_brute_force_loop():
@@ -280,11 +182,6 @@ def test_conv_qkv_round_trip_and_training_step(tmp_path):
     with torch.no_grad(): assert torch.equal(m(x), m2(x))
 
 
-def _dropout_census(m):
-    "Name -> p of every dropout site of a PEViT (modules whose p is above 0)."
-    return {n: mod.p for n, mod in m.named_modules() if isinstance(mod, torch.nn.Dropout) and mod.p > 0}
-
-
 def test_released_style_init_statistics():
     # The released model: PyTorch-default linears (uniform +-1/sqrt(fan_in), biases too), CLS and APE ~ N(0, 1).
     torch.manual_seed(0)
@@ -310,13 +207,6 @@ def test_released_style_dropout_sites():
     assert per_block(released) == ['attn.attn_drop', 'mlp.drop1']        # attention weights, MLP hidden layer
     assert 'pos_drop' in released and set(released.values()) == {.15}
     with pytest.raises(ValueError, match="unknown model style 'torch'"): PEViT(**kw, style='torch')
-
-
-def test_paper_recipe_builds_the_released_model():
-    from pe_anchors.learner import pe_learner
-    learn = pe_learner('digits', 'ape', recipe='paper', show_progress=False, device='cpu', epochs=1)
-    assert learn.model.style == 'released' and learn.config['recipe']['model_style'] == 'released'
-    assert pe_learner('digits', 'ape', show_progress=False, device='cpu').model.style == 'timm'
 
 
 def test_timm_api_forward_intermediates_matches_the_recorder_taps():

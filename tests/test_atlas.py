@@ -1,0 +1,51 @@
+"""pe_anchors.atlas: SSDC per block of several models on the same images, equal to `measure_ssdc` on each, written as one
+table and one figure; timm names are built offline (random weights) when asked."""
+import pytest
+import timm
+import torch
+from PIL import Image
+
+import pe_anchors  # noqa: F401  (registers the pe_vit_* models)
+from pe_anchors.atlas import atlas, block_ssdc
+from pe_anchors.data import image_folder, stratified_sample
+from pe_anchors.interventions import measure_ssdc
+from pe_anchors.results import read_results
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    "An image folder of two classes, 6 + 6 images per split, 8 px, smooth gradients that differ by class."
+    root = tmp_path_factory.mktemp('images')
+    for split in ('train', 'val'):
+        for c in range(2):
+            (root / split / f'c{c}').mkdir(parents=True)
+            for i in range(6):
+                im = Image.new('RGB', (8, 8))
+                im.putdata([((x * 30 + 10 * i) % 256, (y * 30 + 90 * c) % 256, 60) for y in range(8) for x in range(8)])
+                im.save(root / split / f'c{c}' / f'{i}.png')
+    return root
+
+
+def test_atlas_is_measure_ssdc_of_each_model_on_the_same_images(folder, tmp_path):
+    torch.manual_seed(0)
+    models = {'ape': timm.create_model('pe_vit_nano_patch1_8', pe='ape', num_classes=2).eval(),
+              'nope': timm.create_model('pe_vit_nano_patch1_8', pe='none', num_classes=2).eval()}
+    df = atlas(models, folder, n_images=8, n_perms=2, out=tmp_path / 'a', show_progress=False)
+    assert set(df['model']) == {'ape', 'nope'} and set(df['mode']) == {'normal', 'rpi'}
+    assert sorted(p.name for p in (tmp_path / 'a').iterdir()) == ['atlas.csv', 'atlas.csv.sha256', 'atlas.png']
+    assert len(read_results(tmp_path / 'a' / 'atlas.csv')) == len(df)
+    # the rows of one model are measure_ssdc's on the stratified sample, normalised as the model's data config says
+    m = models['ape']
+    data = image_folder(folder, img_size=8, mean=m.pretrained_cfg['mean'], std=m.pretrained_cfg['std'], in_memory=True)
+    x = data.normalize(data.valid.images[stratified_sample(data.valid.labels, 8, 0)])
+    want = measure_ssdc(m, [x], 'rpi', 2, 0, show_progress=False).values.mean(0)
+    got = df[(df.model == 'ape') & (df['mode'] == 'rpi')].sort_values('layer')['value'].to_numpy()
+    assert abs(got - want).max() < 1e-6
+    rows = block_ssdc(m, [x], 'normal', perm_seed=0)
+    assert list(rows['depth']) == [0, 1 / 3, 2 / 3, 1] and list(rows['tap']) == [f'blocks.{i}.norm1' for i in range(4)]
+
+
+def test_a_timm_name_is_built_offline_at_the_folder_size(folder):
+    df = atlas(['vit_tiny_patch16_224'], folder, n_images=4, n_perms=1, pretrained=False, show_progress=False,
+               model_kwargs=dict(img_size=8, patch_size=2, depth=2))
+    assert set(df['model']) == {'vit_tiny_patch16_224'} and sorted(df['layer'].unique()) == [0, 1]
