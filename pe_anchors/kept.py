@@ -4,12 +4,11 @@
 
 # %% ../nbs/09d_kept.ipynb #3a2b1c0d
 from __future__ import annotations
-import json, os, shutil, time
+import json, shutil, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 import timm
 import torch

@@ -21,6 +21,7 @@ from .results import gather, peak_rpi, read_results, write_results
 from .data import ImageData, data_bytes, get_data
 from .hub import save_hub
 from .learner import DEFAULT_MODELS, Recipe, build_model, get_recipe, make_callbacks, pe_learner, train
+from .robustness import SHIFT_KINDS
 from .rundir import ExperimentDir, RunDir, RunLock, config_diff, remove_leftovers
 from .config import Experiment, ExperimentError, _is_int
 from .evaluate import EvalData, evaluate_model

@@ -9,7 +9,6 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-import timm
 from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_, use_fused_attn
 from timm.models import register_model
 from fastcore.basics import patch
