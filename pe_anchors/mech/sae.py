@@ -248,7 +248,7 @@ def _top1(model, batches, max_images) -> float:
 def removed_norm(sae: TopKSAE, features: torch.Tensor, latents, mode: str = 'zero',
                  mean_acts: torch.Tensor | None = None, bs: int = 64) -> float:
     "Mean over tokens of the norm an ablation of `latents` takes out of a token (`sae_ablation`'s change), in input units."
-    idx = torch.as_tensor(np.asarray(latents, dtype=np.int64).reshape(-1))
+    idx = torch.tensor(np.asarray(latents, dtype=np.int64).reshape(-1))   # a copy: the latents may be a read-only view
     if not len(idx): return 0.
     tot, n = 0., 0
     for i in range(0, len(features), bs):
@@ -257,6 +257,32 @@ def removed_norm(sae: TopKSAE, features: torch.Tensor, latents, mode: str = 'zer
         d = (tgt - z) @ sae.W_dec[idx] / sae.scale
         tot += float(d.norm(dim=-1).sum()); n += d.shape[0] * d.shape[1]
     return tot / n
+
+class _Removal:
+    """What ablating a growing set of latents takes out of every token, one latent added at a time: `removed_norm`'s
+    number without encoding the tokens again for every candidate (the codes are kept as the top-k values and indices)."""
+    @torch.no_grad()
+    def __init__(self, sae: TopKSAE, features: torch.Tensor, mode: str = 'zero', mean_acts: torch.Tensor | None = None,
+                 bs: int = 8192):
+        x = _tokens(features)
+        dev = sae.W_dec.device
+        parts = [sae.pre_acts(x[i:i + bs].to(dev)).topk(sae.k, dim=-1) for i in range(0, len(x), bs)]
+        self.v = F.relu(torch.cat([p.values for p in parts]))            # (T, k) the codes' values
+        self.i = torch.cat([p.indices for p in parts])                    # (T, k) and their latents
+        self.tgt = torch.zeros(sae.n_latents, device=dev) if mode == 'zero' else mean_acts.to(dev).float()
+        self.W = sae.W_dec.detach() / sae.scale                           # (n, d) in input units
+        self.D = torch.zeros(len(x), sae.d_in, device=dev)                # (T, d) the change made so far
+
+    def _step(self, j: int) -> torch.Tensor:                             # (T, d) the change latent j adds
+        z = (self.v * (self.i == j)).sum(1)                               # (T,) latent j's code on every token
+        return (self.tgt[j] - z)[:, None] * self.W[j]
+
+    @torch.no_grad()
+    def norm_with(self, j: int) -> float: return float((self.D + self._step(j)).norm(dim=1).mean())
+    @torch.no_grad()
+    def add(self, j: int): self.D += self._step(j)
+    def norm(self) -> float: return float(self.D.norm(dim=1).mean())
+    def reset(self) -> '_Removal': self.D.zero_(); return self
 
 def sae_causal_test(model: nn.Module,
                     sae: TopKSAE,
@@ -295,14 +321,15 @@ def sae_causal_test(model: nn.Module,
     removed = lambda lat: removed_norm(sae, feats, lat, mode, means)
     target, controls = removed(latents), []
     if match == 'count': controls = [rng.choice(alive, len(latents), replace=False) for _ in range(n_random)]
-    for _ in range(tries if match == 'mass' and n_random else 0):   # random latents added until they remove as much
-        lat = []
+    grown = _Removal(sae, feats, mode, means) if match == 'mass' and n_random else None   # the tokens encoded once
+    for _ in range(tries if grown is not None else 0):       # random latents added until they remove as much
+        lat = []; grown.reset()
         for j in rng.permutation(alive):
-            r = removed(lat + [j])
+            r = grown.norm_with(int(j))
             if r > (1 + tol) * target: continue                    # this one would overshoot: skip it
-            lat.append(j)
+            lat.append(j); grown.add(int(j))
             if r >= (1 - tol) * target: break
-        if abs(removed(lat) - target) <= tol * target: controls.append(np.array(lat, dtype=np.int64))
+        if abs(grown.norm() - target) <= tol * target: controls.append(np.array(lat, dtype=np.int64))
         if len(controls) == n_random: break
     if len(controls) < n_random:
         raise ValueError(f"only {len(controls)} of {n_random} random latent sets remove the selected set's norm ({target:.3f}) "
