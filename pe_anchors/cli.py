@@ -200,7 +200,9 @@ def cmd_train(a):
     from pe_anchors.rundir import train_dir_of
     device = check_device(a.device)
     kw = {k: v for k, v in dict(epochs=a.epochs, bs=a.bs, lr=a.lr).items() if v is not None}
-    cbs, out = make_callbacks(a.cbs, allow_import=True), train_dir_of(_out_dir(a.out)).path   # a run at any of its levels
+    try: out = train_dir_of(a.out).path                                    # a run at any of its levels, or a new one
+    except ValueError as e: raise UserError(f"--out: {e}") from None
+    cbs = make_callbacks(a.cbs, allow_import=True)
     out = train((a.conditions or ['ape'])[0], _dataset(a.data, a.data_path), a.recipe, run_dir=out,
                 seed=(a.seeds or [0])[0], model=a.model, device=device, pe=a.pe, rpt_mode=a.rpt_mode,
                 show_progress=False if a.quiet else None, resume=not a.restart, cbs=cbs, threads=_threads(a), **kw)
