@@ -97,9 +97,9 @@ class Claim:
 def _same_everywhere(ev: Evidence, c: str, control: str | None) -> tuple[list, list]:
     "Per layer: the equivalence of `c`'s RPI-SSDC with the control's (or with 0), and the tests that exceed the margin."
     eqs = []
-    for l in layers(ev.df, c, stage=ev.stage):
+    for l in layers(ev.df, c, stage=ev.stage, every_seed=True):     # not the output tap only some seeds have
         try: eqs.append((l, ev.same(c, control, rpi(l), ANCHOR_MARGIN)))
-        except TooFewSeeds: continue                 # a layer only some seeds measured (the output tap): not testable
+        except TooFewSeeds: continue                 # a layer without a seed spread: not testable
     if not eqs: raise TooFewSeeds(f"no layer of {condition_label(c)} has the seeds to compare")
     beyond = [(l, e) for l, e in eqs if e.low > ANCHOR_MARGIN or e.high < -ANCHOR_MARGIN]
     return eqs, beyond
@@ -138,7 +138,7 @@ def _check_rope(ev: Evidence) -> Outcome:
     rise = ev.within('rope', rpi('last'), rpi(1))
     ok = all(e.equivalent for _, e in early) and last.sign > 0 and rise.sign > 0
     against = any(e.low > ANCHOR_MARGIN for _, e in early) or last.sign < 0
-    L = max(layers(ev.df, 'rope', stage=ev.stage))
+    L = max(layers(ev.df, 'rope', stage=ev.stage, every_seed=True))
     l, e = _worst(early)
     return Outcome(_decide(ok, against), [(f"RoPE − NoPE RPI-SSDC at the last layer ({L})", last),
                                           (f"RoPE − NoPE at layer {l} (the less clear of 0, 1)", e),
@@ -372,12 +372,12 @@ def anchoring(df: pd.DataFrame, condition: str, stage: str = 'trained') -> dict:
     from pe_anchors.measures import measure
     ev = Evidence(df, stage)
     control = CONTROL if condition != CONTROL and any(main_rows(df)['condition'] == CONTROL) else None
-    ls, per = layers(df, condition, stage=stage), {}
+    ls, per = layers(df, condition, stage=stage, every_seed=True), {}    # not the output tap only some seeds have
     for l in ls:
         try:
             d = ev.above(condition, rpi(l)) if control is None else ev.vs(condition, control, rpi(l))
             per[l] = (d, ev.same(condition, control, rpi(l), ANCHOR_MARGIN))
-        except TooFewSeeds: continue               # a layer only some seeds measured (the output tap), without a spread
+        except (TooFewSeeds, Missing): continue    # a layer without a seed spread, or one the control lacks
     per = per or None
     m = lambda q: measure(df, condition, q, stage) if _has(ev, condition, q) else None
     out = dict(layer0=m(rpi(0)), delta=m(delta()), peak=m(peak()), tests=per, control=control, first=None)

@@ -80,7 +80,7 @@ def _alpha(df, c, chance, v) -> str | None:
 
 def _pe(df, c) -> str:
     a = anchoring(df, c)
-    last = max(layers(df, c))
+    last = max(layers(df, c, every_seed=True))
     vs = _vs(df, c, CONTROL, rpi(last)) if c != CONTROL else ''
     return (f"**{condition_label(c)}**: RPI-SSDC {a['layer0']} at layer 0, ΔSSDC {a['delta']}, {_m(df, c, rpi(last))} at "
             f"the last layer ({last})" + (f" (minus NoPE's: {vs})" if vs else '') + f": index-anchored {a['where']}.")
