@@ -17,9 +17,10 @@ from .rundir import ExperimentDir, RunDir, checksum_file, config_diff, find_expe
 # %% auto #0
 __all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'REQUIRED_COLUMNS', 'SSDC_MODES', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC',
            'SSDC_METRICS', 'DATASET_CLASSES', 'FS_CHANCE_FACTOR', 'result_row', 'result_frame', 'write_results',
-           'read_results', 'ssdc_metric', 'peak_rpi', 'with_peak_rpi', 'concat_results', 'one_dataset', 'gather',
-           'disagreement', 'experiment_rows', 'load_results', 'measurement', 'check_runs', 'main_rows', 'alpha_rows',
-           'fragility', 'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level', 'near_chance']
+           'read_table', 'read_results', 'ssdc_metric', 'peak_rpi', 'with_peak_rpi', 'concat_results', 'one_dataset',
+           'gather', 'disagreement', 'experiment_rows', 'load_results', 'measurement', 'check_runs', 'main_rows',
+           'alpha_rows', 'fragility', 'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level',
+           'near_chance']
 
 # %% ../nbs/00_results.ipynb #4e4a890d
 RESULT_COLUMNS = ('experiment', 'dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity',
@@ -54,8 +55,8 @@ def write_results(df: pd.DataFrame, path: str | Path) -> Path:
     write_atomic(checksum_file(path), json.dumps(dict(sha256=hashlib.sha256(text.encode()).hexdigest(), rows=len(df))))
     return path
 
-def read_results(path: str | Path) -> pd.DataFrame:
-    "Read a results CSV with the table's column types; refuse a torn or altered file (sidecar hash, field counts), missing columns and repeated rows."
+def read_table(path: str | Path, dtype: dict | None = None) -> pd.DataFrame:
+    "Read a CSV that `write_results` wrote, of any columns (the mechanistic and shift-study tables); refuse a torn or altered file (sidecar hash, field counts, a repeated header)."
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"no results file at {path}")
     raw = path.read_bytes()
@@ -71,7 +72,12 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if bad: raise ValueError(f"{path} is torn: line {bad[0]} has {len(rows[bad[0] - 1])} fields, the header {len(rows[0])}")
     again = [i + 1 for i, r in enumerate(rows[1:], 1) if r == rows[0]]
     if again: raise ValueError(f"{path}: line {again[0]} repeats the header (two tables pasted together?): keep one copy of each row")
-    df = pd.read_csv(io.StringIO(raw.decode()), dtype={c: str for c in ('experiment', 'dataset', 'condition', 'shift', 'severity', 'mode', 'stage', 'metric')})
+    return pd.read_csv(io.StringIO(raw.decode()), dtype=dtype)
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    "Read a results CSV with the table's column types; refuse a torn or altered file (`read_table`), missing columns and repeated rows."
+    path = Path(path)
+    df = read_table(path, dtype={c: str for c in ('experiment', 'dataset', 'condition', 'shift', 'severity', 'mode', 'stage', 'metric')})
     missing = [c for c in REQUIRED_COLUMNS if c not in df]
     if missing: raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}: a results table has "
                                  f"{', '.join(REQUIRED_COLUMNS)} (see results.RESULT_COLUMNS); not a pe_anchors results file?")

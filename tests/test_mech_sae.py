@@ -191,3 +191,27 @@ def test_controls_matched_on_the_norm_removed():
     assert len(rand) == 3 and (abs(rand - target) <= .25 * target).all()
     with pytest.raises(ValueError, match='within'):
         sae_causal_test(m, sae, data, block=1, latents=lat, n_random=3, n_perms=1, show_progress=False, tol=1e-9, tries=5)
+
+
+def test_mass_that_no_random_set_reaches_is_named():
+    "When every other active latent together removes less than the selected set, 'mass' refuses at once with both norms."
+    from pe_anchors.mech.sae import MassUnmatched, removed_norm
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch1_8', pe='ape', num_classes=10).eval()
+    with torch.no_grad(): m.pos_embed.pos_embed.mul_(50)
+    data = [(torch.randn(24, 3, 8, 8, generator=torch.Generator().manual_seed(i)), torch.randint(0, 10, (24,)))
+            for i in range(2)]
+    toks = layer_tokens(m, data, 1, 'resid')
+    sae, _ = fit_sae(toks, expansion=4, k=8, steps=200, bs=512, lr=3e-3, show_progress=False)
+    means = latent_position_means(sae, toks).mean(0).cpu().numpy()
+    order = np.argsort(-means)
+    alive = order[means[order] > 0]
+    lat, rest = alive[:100], alive[100:]                                 # the heaviest latents against all the others
+    target, ceiling = removed_norm(sae, toks, lat), removed_norm(sae, toks, rest)   # by hand, every other latent at once
+    assert ceiling < .8 * target
+    with pytest.raises(MassUnmatched) as e:
+        sae_causal_test(m, sae, data, block=1, latents=lat, n_random=2, n_perms=1, show_progress=False, min_rel_act=0)
+    assert e.value.target == pytest.approx(target, rel=1e-4) and e.value.ceiling == pytest.approx(ceiling, rel=1e-3)
+    df = sae_causal_test(m, sae, data, block=1, latents=lat, n_random=2, n_perms=1, show_progress=False, min_rel_act=0,
+                         match='count')
+    assert (df.loc[df.kind == 'random', 'n_latents'] == len(lat)).all()

@@ -137,3 +137,13 @@ def test_result_tables_of_one_experiment_over_seeds_combine():
     assert set(both['seed']) == set(committed['seed']) | {7, 8} and len(both) == len(committed) + 2 * len(seed0)
     with pytest.raises(ValueError, match='duplicate result rows'):                # the same seed twice is refused
         concat_results({'committed': committed, 'again': seed0})
+
+
+def test_read_table_checks_any_written_table(tmp_path):
+    "`read_table` reads back what `write_results` wrote, whatever its columns, and refuses an edited copy."
+    from pe_anchors.results import read_table
+    df = pd.DataFrame(dict(condition=['ape', 'rope'], layer=[0, 3], test_acc=[.25, .5]))
+    p = write_results(df, tmp_path / 'probes.csv')
+    pd.testing.assert_frame_equal(read_table(p), df)
+    p.write_text(p.read_text().replace('0.5', '0.6'))
+    with pytest.raises(ValueError, match='checksum'): read_table(p)

@@ -21,7 +21,7 @@ from .position import PositionProbes, layer_tokens
 
 # %% auto #0
 __all__ = ['AUX_REDUCTIONS', 'TopKSAE', 'sae_stats', 'fit_sae', 'latent_position_means', 'position_selectivity',
-           'positional_latents', 'sae_ablation', 'removed_norm', 'sae_causal_test']
+           'positional_latents', 'sae_ablation', 'removed_norm', 'MassUnmatched', 'sae_causal_test']
 
 # %% ../../nbs/11_mech.sae.ipynb #c7e297bd
 class TopKSAE(nn.Module):
@@ -258,6 +258,10 @@ def removed_norm(sae: TopKSAE, features: torch.Tensor, latents, mode: str = 'zer
         tot += float(d.norm(dim=-1).sum()); n += d.shape[0] * d.shape[1]
     return tot / n
 
+class MassUnmatched(ValueError):
+    "No random set of the other active latents removes the selected set's norm: `target` and what all of them remove at once (`ceiling`)."
+    def __init__(self, msg: str, target: float, ceiling: float): super().__init__(msg); self.target, self.ceiling = target, ceiling
+
 class _Removal:
     """What ablating a growing set of latents takes out of every token, one latent added at a time: `removed_norm`'s
     number without encoding the tokens again for every candidate (the codes are kept as the top-k values and indices)."""
@@ -317,11 +321,16 @@ def sae_causal_test(model: nn.Module,
     alive = np.setdiff1d(np.flatnonzero((m > 0) & (m >= min_rel_act * m.mean())), latents)
     rng = np.random.default_rng(seed)
     check_choice('match', match, ('count', 'mass'))
-    if n_random and len(alive) < len(latents): raise ValueError(f"only {len(alive)} other active latents for random sets of {len(latents)}: lower min_rel_act")
+    if n_random and match == 'count' and len(alive) < len(latents): raise ValueError(f"only {len(alive)} other active latents for random sets of {len(latents)}: lower min_rel_act")
     removed = lambda lat: removed_norm(sae, feats, lat, mode, means)
     target, controls = removed(latents), []
     if match == 'count': controls = [rng.choice(alive, len(latents), replace=False) for _ in range(n_random)]
     grown = _Removal(sae, feats, mode, means) if match == 'mass' and n_random else None   # the tokens encoded once
+    if grown is not None:                                    # all other active latents at once: can any set reach the target?
+        for j in alive: grown.add(int(j))
+        if (ceiling := grown.norm()) < (1 - tol) * target:
+            raise MassUnmatched(f"every other active latent together removes {ceiling:.3f}, the selected set {target:.3f}: "
+                                f"no random set matches its mass; use match='count' and read norm_removed", target, ceiling)
     for _ in range(tries if grown is not None else 0):       # random latents added until they remove as much
         lat = []; grown.reset()
         for j in rng.permutation(alive):

@@ -16,10 +16,10 @@ from ..core import code_version, hardware_info, pbar, write_atomic
 from ..anatomy import anatomy
 from ..interventions import pe_table_ssdc
 from ..experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept
-from ..results import write_results
+from ..results import read_table, write_results
 from .position import (fit_position_probes, layer_tokens, probe_knockouts, probe_study, rebuild_heads,
                                       withheld_retention)
-from .sae import fit_sae, latent_position_means, position_selectivity, sae_causal_test, sae_stats
+from .sae import MassUnmatched, fit_sae, latent_position_means, position_selectivity, sae_causal_test, sae_stats
 
 # %% auto #0
 __all__ = ['mech_study']
@@ -27,6 +27,24 @@ __all__ = ['mech_study']
 # %% ../../nbs/11_mech.study.ipynb #980dd006
 def _write(df: pd.DataFrame, out: Path, name: str):
     write_results(df, out / f'{name}.csv')
+
+_STAGES = {'probes': ('probes',), 'rope': ('knockouts', 'withheld', 'heads'), 'sae': ('sae', 'sae_latents', 'sae_causal')}
+
+def _done(out: Path, stage: str, settings: dict, runs: list) -> dict | None:
+    "A stage's tables written by an earlier, interrupted call with the same settings and runs (else None: measure it)."
+    f = out / f'.{stage}.json'
+    if not f.exists(): return None
+    rec = json.loads(f.read_text()); rec.pop('wall_s', None)
+    if rec != dict(settings, runs=[list(r) for r in runs]): return None
+    have = {n: out / f'{n}.csv' for n in _STAGES[stage]}
+    return {n: read_table(p) for n, p in have.items() if p.exists()}
+
+def _finish(out: Path, stage: str, settings: dict, runs: list, tables: dict, seconds: float):
+    "Write a stage's tables as soon as it ends (an interrupted study keeps them), then mark the stage done."
+    out.mkdir(parents=True, exist_ok=True)
+    for n in _STAGES[stage]:
+        if n in tables: _write(tables[n].reset_index(drop=True), out, n)
+    write_atomic(out / f'.{stage}.json', json.dumps(dict(settings, runs=[list(r) for r in runs], wall_s=round(seconds, 1))))
 
 def mech_study(path: str | Path,                          # an experiment directory or results folder with kept models
                out: str | Path,                           # where the tables go (e.g. nbs/results/<experiment>/mech)
@@ -43,11 +61,15 @@ def mech_study(path: str | Path,                          # an experiment direct
                probe_steps: int = 400,
                show_progress: bool | None = None,
               ) -> dict[str, pd.DataFrame]:
-    "Probes with the content floor, RoPE knockouts and rebuild heads, SAE features and causal tests on kept models."
+    """Probes with the content floor, RoPE knockouts and rebuild heads, SAE features and causal tests on kept models.
+    Each stage's tables are written when it ends; a call interrupted later skips the stages already written."""
     path, out = Path(path), Path(out)
     exp = experiment_of(path)
     runs = [(c, s) for c, s in kept_runs(path) if c in conditions and (seeds is None or s in seeds)]
     if not runs: raise FileNotFoundError(f"no kept models of {', '.join(conditions)} under {path / 'runs'}")
+    settings = dict(experiment=exp.name, sae_conditions=list(sae_conditions), sae_block=sae_block, sae_images=sae_images,
+                    sae_k=sae_k, sae_expansion=sae_expansion, sae_steps=sae_steps, n_selected=n_selected,
+                    n_random=n_random, n_perms=n_perms, probe_steps=probe_steps)
     t0 = time.perf_counter()
     ev = EvalData(experiment_data(exp, data_path), exp.ssdc_images, exp.eval_bs, device, sample_seed=exp.sample_seed)
     kept = {(c, s): load_kept(path, c, s, ev=ev) for c, s in runs}
@@ -56,53 +78,64 @@ def mech_study(path: str | Path,                          # an experiment direct
     labelled = list(zip(batches, ev.labels[ev.ssdc_index].split(exp.eval_bs)))
     times, tables = {}, {}
     # probes, with the content floor and the table's own SSDC
-    t = time.perf_counter()
-    pr = probe_study(models, batches, steps=probe_steps, show_progress=show_progress)
-    tab = {k: pe_table_ssdc(m) for k, m in models.items() if 'additive' in anatomy(m).position}
-    pr['table_ssdc'] = [tab.get((c, s), np.nan) for c, s in zip(pr['condition'], pr['seed'])]
-    tables['probes'], times['probes'] = pr, time.perf_counter() - t
+    if (done := _done(out, 'probes', settings, runs)) is not None: tables.update(done)
+    else:
+        t = time.perf_counter()
+        pr = probe_study(models, batches, steps=probe_steps, show_progress=show_progress)
+        tab = {k: pe_table_ssdc(m) for k, m in models.items() if 'additive' in anatomy(m).position}
+        pr['table_ssdc'] = [tab.get((c, s), np.nan) for c, s in zip(pr['condition'], pr['seed'])]
+        tables['probes'] = pr
+        _finish(out, 'probes', settings, runs, tables, time.perf_counter() - t)
     # RoPE: knockouts, withheld rotations, rebuild heads
-    t, ko, wr, hd = time.perf_counter(), [], [], []
-    for (c, s), m in models.items():
-        if not anatomy(m).rotary: continue
-        ko.append(probe_knockouts(m, batches, layer=-1, steps=probe_steps, show_progress=False).assign(condition=c, seed=s))
-        wr.append(withheld_retention(m, batches, n_perms=n_perms, show_progress=False, condition=c, seed=s))
-        h = rebuild_heads(m, batches, withheld=1, n_perms=n_perms, show_progress=False).assign(condition=c, seed=s)
-        gap, gap_se = h.attrs.get('top_gap', (np.nan, np.nan))
-        hd.append(h.assign(rank=np.arange(1, len(h) + 1), top_gap=gap, top_gap_se=gap_se))
-    for name, fr in (('knockouts', ko), ('withheld', wr), ('heads', hd)):
-        if fr: tables[name] = pd.concat(fr, ignore_index=True)
-    times['rope'] = time.perf_counter() - t
+    if (done := _done(out, 'rope', settings, runs)) is not None: tables.update(done)
+    else:
+        t, ko, wr, hd = time.perf_counter(), [], [], []
+        for (c, s), m in models.items():
+            if not anatomy(m).rotary: continue
+            ko.append(probe_knockouts(m, batches, layer=-1, steps=probe_steps, show_progress=False).assign(condition=c, seed=s))
+            wr.append(withheld_retention(m, batches, n_perms=n_perms, show_progress=False, condition=c, seed=s))
+            h = rebuild_heads(m, batches, withheld=1, n_perms=n_perms, show_progress=False).assign(condition=c, seed=s)
+            gap, gap_se = h.attrs.get('top_gap', (np.nan, np.nan))
+            hd.append(h.assign(rank=np.arange(1, len(h) + 1), top_gap=gap, top_gap_se=gap_se))
+        for name, fr in (('knockouts', ko), ('withheld', wr), ('heads', hd)):
+            if fr: tables[name] = pd.concat(fr, ignore_index=True)
+        _finish(out, 'rope', settings, runs, tables, time.perf_counter() - t)
     # SAEs: fitted on training images, scored and ablated on the SSDC sample
-    t, st, ct, sl = time.perf_counter(), [], [], []
-    g = torch.Generator().manual_seed(0)
-    train_idx = torch.randperm(len(ev.data.train.images), generator=g)[:sae_images].sort().values
-    fit_imgs = [ev.data.normalize(ev.data.train.images[train_idx[i:i + exp.eval_bs]].to(ev.device))
-                for i in range(0, len(train_idx), exp.eval_bs)]
-    for (c, s), m in models.items():
-        if c not in sae_conditions: continue
-        sae, _ = fit_sae(layer_tokens(m, fit_imgs, sae_block, 'resid'), expansion=sae_expansion, k=sae_k, steps=sae_steps,
-                         bs=2048, lr=1e-3, dead_after=50_000, seed=s, show_progress=False)
-        toks = layer_tokens(m, batches, sae_block, 'resid')
-        sel = position_selectivity(latent_position_means(sae, toks), anatomy(m).grid_size)
-        st.append(dict(condition=c, seed=s, block=sae_block, k=sae_k, n_latents=sae.n_latents,
-                       fired=int((sel.mean_act > 0).sum()), measured=int(sel.pos_sel.notna().sum()),
-                       row_sel_3=int((sel.row_sel > 3).sum()), col_sel_3=int((sel.col_sel > 3).sum()),
-                       **sae_stats(sae, toks)))
-        sl.append(sel.assign(condition=c, seed=s))
-        probes = fit_position_probes(layer_tokens(m, batches, -1), anatomy(m).grid_size, steps=probe_steps)
-        top = sel.nlargest(n_selected, 'pos_sel').latent.to_numpy()
-        ct.append(sae_causal_test(m, sae, labelled, block=sae_block, latents=top, probes=probes, layer=-1,
-                                  n_random=n_random, n_perms=n_perms, seed=s, show_progress=False).assign(condition=c, seed=s))
-    if st:
-        tables['sae'], tables['sae_latents'], tables['sae_causal'] = pd.DataFrame(st), pd.concat(sl), pd.concat(ct)
-    times['sae'] = time.perf_counter() - t
-    out.mkdir(parents=True, exist_ok=True)
-    for name, df in tables.items(): _write(df.reset_index(drop=True), out, name)
+    if (done := _done(out, 'sae', settings, runs)) is not None: tables.update(done)
+    else:
+        t, st, ct, sl = time.perf_counter(), [], [], []
+        g = torch.Generator().manual_seed(0)
+        train_idx = torch.randperm(len(ev.data.train.images), generator=g)[:sae_images].sort().values
+        fit_imgs = [ev.data.normalize(ev.data.train.images[train_idx[i:i + exp.eval_bs]].to(ev.device))
+                    for i in range(0, len(train_idx), exp.eval_bs)]
+        for (c, s), m in models.items():
+            if c not in sae_conditions: continue
+            sae, _ = fit_sae(layer_tokens(m, fit_imgs, sae_block, 'resid'), expansion=sae_expansion, k=sae_k,
+                             steps=sae_steps, bs=2048, lr=1e-3, dead_after=50_000, seed=s, show_progress=False)
+            toks = layer_tokens(m, batches, sae_block, 'resid')
+            sel = position_selectivity(latent_position_means(sae, toks), anatomy(m).grid_size)
+            probes = fit_position_probes(layer_tokens(m, batches, -1), anatomy(m).grid_size, steps=probe_steps)
+            top = sel.nlargest(n_selected, 'pos_sel').latent.to_numpy()
+            kw = dict(block=sae_block, latents=top, probes=probes, layer=-1, n_random=n_random, n_perms=n_perms, seed=s,
+                      show_progress=False)
+            try: causal, unmatched = sae_causal_test(m, sae, labelled, match='mass', **kw), None
+            except MassUnmatched as e:                    # no random set removes as much: controls of as many latents
+                causal, unmatched = sae_causal_test(m, sae, labelled, match='count', **kw), e
+            ct.append(causal.assign(condition=c, seed=s))
+            st.append(dict(condition=c, seed=s, block=sae_block, k=sae_k, n_latents=sae.n_latents,
+                           fired=int((sel.mean_act > 0).sum()), measured=int(sel.pos_sel.notna().sum()),
+                           row_sel_3=int((sel.row_sel > 3).sum()), col_sel_3=int((sel.col_sel > 3).sum()),
+                           match='count' if unmatched else 'mass',
+                           others_removed=unmatched.ceiling if unmatched else np.nan,  # every other active latent at once
+                           **sae_stats(sae, toks)))
+            sl.append(sel.assign(condition=c, seed=s))
+        if st: tables['sae'], tables['sae_latents'], tables['sae_causal'] = pd.DataFrame(st), pd.concat(sl), pd.concat(ct)
+        _finish(out, 'sae', settings, runs, tables, time.perf_counter() - t)
+    times = {k: json.loads((out / f'.{k}.json').read_text())['wall_s'] for k in _STAGES}
     write_atomic(out / 'meta.json', json.dumps(dict(
         experiment=exp.name, runs=[f"{c}-s{s}" for c, s in runs], n_images=ev.n_ssdc, probe_steps=probe_steps,
         probe_test_frac=.25, n_perms=n_perms, sae=dict(conditions=list(sae_conditions), block=sae_block, images=sae_images,
-        k=sae_k, expansion=sae_expansion, steps=sae_steps, n_selected=n_selected, n_random=n_random, match='mass', tol=.2),
-        wall_s={k: round(v, 1) for k, v in times.items()}, total_s=round(time.perf_counter() - t0, 1),
+        k=sae_k, expansion=sae_expansion, steps=sae_steps, n_selected=n_selected, n_random=n_random, tol=.2),
+        wall_s=times, total_s=round(time.perf_counter() - t0, 1),
         hardware=hardware_info(ev.device), code=code_version()), indent=2))
     return tables
