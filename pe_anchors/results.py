@@ -139,8 +139,10 @@ def _key_strings(df: pd.DataFrame, keys: list[str]) -> pd.Series:
     return df[keys].map(str).agg('\x1f'.join, axis=1) if len(df) else pd.Series([], dtype=str)
 
 def peak_rpi(df: pd.DataFrame) -> pd.DataFrame:
-    "One row per RPI curve of `df`: a copy of its largest per-layer row (the shallowest on a tie) with metric `'peak_ssdc'`."
+    """One row per RPI curve of `df`: a copy of its largest per-layer row (the shallowest on a tie) with metric `'peak_ssdc'`.
+    The peak is the paper's, over the block inputs: the output tap (`tap == 'output'`), which only some runs have, is read apart."""
     d = df[df['mode'].isin(RPI_MODES) & (df['layer'] >= 0) & df['value'].notna()]
+    if 'tap' in d: d = d[d['tap'].fillna('') != 'output']
     d = d[d['metric'] == d['mode'].map(SSDC_MODE_METRIC)].reset_index(drop=True)
     if d.empty: return df.iloc[:0].copy()
     d = d.sort_values('layer', kind='stable')
