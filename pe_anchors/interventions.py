@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_interventions.ipynb #ca79b240
 from __future__ import annotations
-import math, warnings
+import copy, math, warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -24,7 +24,7 @@ from .ssdc import ssdc_curve, bootstrap_ci, ssdc_from_similarity, token_similari
 
 # %% auto #0
 __all__ = ['spread', 'SSDCRuns', 'measure_ssdc', 'delta_ssdc', 'ssdc_trajectories', 'pe_table', 'pe_table_ssdc',
-           'position_signal_ratio', 'pe_scaled', 'alpha_sweep', 'peg_padding']
+           'position_signal_ratio', 'pe_scaled', 'alpha_sweep', 'peg_padding', 'peg_border_ssdc']
 
 # %% ../nbs/07_interventions.ipynb #a768648c
 def spread(draws: np.ndarray, level: float = .95) -> dict[str, np.ndarray]:
@@ -252,3 +252,23 @@ def peg_padding(model: nn.Module, mode: str = 'circular'):
                          f"{type(pe).__name__ if pe is not None else 'no PE module'}")
     with pe.padded(mode): yield model
 
+
+# %% ../nbs/07_interventions.ipynb #e2f3a4b5c6d7
+@torch.no_grad()
+def peg_border_ssdc(model: nn.Module,
+                    token: torch.Tensor | None = None,   # (C,) the token every slot holds (default: ones)
+                    metric: str = 'manhattan') -> float:
+    "SSDC of what the model's PEG adds to a grid of one repeated token: the spatial structure its padded border alone writes (NaN when it adds the same everywhere)."
+    pe = anatomy(model).pos_embed
+    if pe is None or pe.padding_mode is None:
+        raise ValueError(f"peg_border_ssdc needs a model with a PEG; this one has {type(pe).__name__ if pe is not None else 'no PE module'}")
+    (h, w), p = pe.grid_size, pe.num_prefix_tokens
+    pe64 = copy.deepcopy(pe).double()                           # float64: the interior slots' equal vectors stay exact ties
+    v = torch.ones(pe64.embed_dim) if token is None else torch.as_tensor(token).reshape(-1)
+    x = v.to(torch.float64).expand(1, p + h * w, len(v))         # prefix tokens too: the PE passes them through
+    added = (pe64.after_block(x, pe64.after) - x)[0, p:]         # (N, C) what the PEG adds at each slot
+    if (added - added[:1]).abs().max() <= 1e-12 * added.abs().max().clamp_min(1e-300):
+        return math.nan                                         # the same vector at every slot: no structure to rank
+    sim = token_similarity(added)                               # equal slots' cosines differ in the last bits (the matmul's
+    sim = torch.round(sim * 1e12) / 1e12                        # summation order): rounded, they tie as they should
+    return float(ssdc_from_similarity(sim, (h, w), metric))
