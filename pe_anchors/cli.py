@@ -322,7 +322,7 @@ def cmd_study(a):
         print(corruption_summary(cc).round(3).to_string()); print(f"rows in {out.table('cifar10c')}")
     if a.resolution:
         from pe_anchors.shift_study import resolution_study
-        rs = resolution_study(p, sizes=a.sizes, show_progress=show, **kw)
+        rs = resolution_study(p, sizes=a.sizes, ssdc=not a.no_ssdc, show_progress=show, **kw)
         write_results(rs, out.table('resolution'))
         acc = rs[rs.metric == 'acc'].groupby(['condition', 'rule', 'size'])['value'].mean().unstack('size')
         print(acc.round(3).to_string()); print(f"rows in {out.table('resolution')}")
@@ -433,6 +433,7 @@ def _opts_study(s):
     s.add_argument('--resolution', action='store_true', help='test sizes above the training grid (each PE by its own rule)')
     s.add_argument('--images', type=positive_int, default=2000, help='--corruptions: the stratified validation subset (default 2000)')
     s.add_argument('--sizes', type=positive_int, nargs='+', default=[32, 40, 48, 64], help='--resolution: test image sides')
+    s.add_argument('--no-ssdc', action='store_true', help='--resolution: accuracy only (the SSDC curves at every size are the slow part)')
     s.add_argument('--condition', dest='conditions', nargs='+', metavar='COND', help='only these conditions')
     s.add_argument('--seed', dest='seeds', type=int, nargs='+', help='only these seeds')
     s.add_argument('--data-path', help='where the experiment\'s data are on this machine')
