@@ -38,7 +38,7 @@ def _subset(ev: EvalData, n_images: int, seed: int) -> list[tuple[torch.Tensor, 
 
 def corruption_study(path: str | Path,                 # an experiment directory or a results folder with kept models
                      n_images: int = 2000,             # the class-stratified validation subset every set is built on
-                     names: Sequence[str] | None = None, # corruptions (default: those that run here, `available_corruptions`)
+                     names: Sequence[str] | None = None, # corruptions (default: those that run here, available_corruptions)
                      severities: Sequence[int] = (1, 2, 3, 4, 5),
                      conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
                      data_path: str | Path | None = None, device=None, seed: int = 0,
