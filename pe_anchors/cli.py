@@ -304,7 +304,6 @@ def cmd_export(a):
 def cmd_study(a):
     "Ask an experiment's kept models again (a results folder or experiment directory): `--mech` (probes, RoPE knockouts, SAEs), `--corruptions` (CIFAR-10-C), `--resolution` (larger test sizes)."
     if not (a.mech or a.corruptions or a.resolution): raise UserError("say what to study: --mech, --corruptions and/or --resolution")
-    from pe_anchors.results import write_results
     from pe_anchors.rundir import ExperimentDir, find_experiment
     p = find_experiment(a.path).path                                  # the directory (a run given: one line naming its experiment)
     out = ExperimentDir(_out_dir(a.out or p))                        # its tables go where an experiment's analyses go
@@ -317,15 +316,13 @@ def cmd_study(a):
         print(f"mechanisms: {', '.join(f'{k} ({len(v)} rows)' for k, v in tabs.items())} in {out.mech}")
     if a.corruptions:
         from pe_anchors.shift_study import corruption_study, corruption_summary
-        cc = corruption_study(p, n_images=a.images, show_progress=show, **kw)
-        write_results(cc, out.table('cifar10c'))
-        print(corruption_summary(cc).round(3).to_string()); print(f"rows in {out.table('cifar10c')}")
+        cc = corruption_study(p, n_images=a.images, show_progress=show, out=out.table('cifar10c'), **kw)
+        print(corruption_summary(cc).round(3).to_string()); print(f"rows in {out.table('cifar10c')} (models it already held were not measured again)")
     if a.resolution:
         from pe_anchors.shift_study import resolution_study
-        rs = resolution_study(p, sizes=a.sizes, ssdc=not a.no_ssdc, show_progress=show, **kw)
-        write_results(rs, out.table('resolution'))
+        rs = resolution_study(p, sizes=a.sizes, ssdc=not a.no_ssdc, show_progress=show, out=out.table('resolution'), **kw)
         acc = rs[rs.metric == 'acc'].groupby(['condition', 'rule', 'size'])['value'].mean().unstack('size')
-        print(acc.round(3).to_string()); print(f"rows in {out.table('resolution')}")
+        print(acc.round(3).to_string()); print(f"rows in {out.table('resolution')} (models it already held were not measured again)")
 
 def cmd_atlas(a):
     "SSDC unpermuted and under RPI per block for timm checkpoints on an image folder: OUT/atlas.csv and atlas.png."

@@ -21,7 +21,7 @@ from .data import stratified_sample
 from .robustness import ShiftedSets, TensorBatches, evaluate_accuracy, evaluate_shifts
 from .corruptions import CORRUPTIONS, Corruption, available_corruptions
 from .interventions import ssdc_trajectories
-from .results import write_results
+from .results import read_table, write_results
 from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept
 
 # %% auto #0
@@ -30,6 +30,34 @@ __all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'corrupt
 
 # %% ../nbs/16_shift_study.ipynb #18966ee1
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
+
+def _stored(out: Path | None, exp_name: str, what: str) -> pd.DataFrame | None:
+    "The table `out` an earlier call of a study wrote (None: there is none), refused if it is another experiment's."
+    if out is None or not Path(out).exists(): return None
+    old = read_table(out, dtype={'condition': str})
+    other = set(old['experiment'].astype(str)) - {exp_name} if 'experiment' in old else {'?'}
+    if other: raise ValueError(f"{out} holds the {what} of {', '.join(sorted(other))}, not of {exp_name}: "
+                               "give this experiment's own table (or a new path)")
+    return old
+
+def _merged(old: pd.DataFrame | None, new: pd.DataFrame, c: str, s: int) -> pd.DataFrame:
+    "`old` with the rows of model (c, s) replaced by `new`."
+    if old is None or not len(old): return new.reset_index(drop=True)
+    keep = old[~((old['condition'].astype(str) == c) & (old['seed'].astype(int) == s))]
+    return pd.concat([keep, new], ignore_index=True)
+
+def _per_model(runs, old, done, measure, out, show_progress, comment) -> pd.DataFrame:
+    "Measure each (condition, seed) of `runs` that `done(rows)` says `old` lacks, writing the whole table to `out` after each."
+    table = old
+    for c, s in pbar(runs, show=show_progress, comment=comment):
+        have = None if old is None else old[(old['condition'].astype(str) == c) & (old['seed'].astype(int) == s)]
+        if have is not None and len(have) and done(have): continue
+        table = _merged(table, measure(c, s), c, s)
+        if out is not None: write_results(table, out)
+    if table is None: raise ValueError("nothing was measured")
+    sel = pd.Series(False, index=table.index)
+    for c, s in runs: sel |= (table['condition'].astype(str) == c) & (table['seed'].astype(int) == s)
+    return table[sel].reset_index(drop=True)
 
 def _subset(ev: EvalData, n_images: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     idx = stratified_sample(ev.labels, n_images, seed)
@@ -43,6 +71,7 @@ def corruption_study(path: str | Path,                 # an experiment directory
                      conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
                      data_path: str | Path | None = None, device=None, seed: int = 0,
                      cache_dir: str | Path | None = None, # corrupted sets are kept here for the next call
+                     out: str | Path | None = None,    # a table to keep: models it holds for these settings are not measured again
                      show_progress: bool | None = None,
                     ) -> pd.DataFrame:
     "Accuracy and fragility of every kept model under every corruption × severity, on one stratified validation subset."
@@ -56,12 +85,20 @@ def corruption_study(path: str | Path,                 # an experiment directory
         if n not in CORRUPTIONS: raise ValueError(f"unknown corruption {n!r}; valid: {', '.join(CORRUPTIONS)}")
     shifts = [Corruption(n, s, seed) for n in names for s in severities]
     sets = ShiftedSets(_subset(ev, n_images, seed), ev.device, cache_dir, f"{ev.dataset_id}-c{n_images}-s{seed}", exp.eval_bs)
-    models = {(c, s): load_kept(path, c, s, ev=ev).model for c, s in runs}
-    df = evaluate_shifts(models, sets, shifts, normalize=ev.data.normalize, show=show_progress)
-    df = df[df['shift'] != 'clean'].rename(columns={'kind': 'corruption'})
-    df['category'] = df['corruption'].map(lambda n: CORRUPTIONS[n]['category'])
-    df.insert(0, 'experiment', exp.name)
-    return df[['experiment', 'condition', 'seed', 'corruption', 'category', 'severity', 'acc', 'acc_clean', 'fs', 'n']]
+    want = {(n, int(s)) for n in names for s in severities}
+    def measure(c, s):
+        df = evaluate_shifts({(c, s): load_kept(path, c, s, ev=ev).model}, sets, shifts, normalize=ev.data.normalize, show=False)
+        df = df[df['shift'] != 'clean'].rename(columns={'kind': 'corruption'})
+        df['category'] = df['corruption'].map(lambda n: CORRUPTIONS[n]['category'])
+        df.insert(0, 'experiment', exp.name)
+        return df[['experiment', 'condition', 'seed', 'corruption', 'category', 'severity', 'acc', 'acc_clean', 'fs', 'n']]
+    old = _stored(out, exp.name, 'corruption study')
+    n = len(sets.clean.labels)
+    if old is not None and set(old['n'].astype(int)) != {n}:
+        raise ValueError(f"{out} was measured on {', '.join(map(str, sorted(set(old['n'].astype(int)))))} images a set, this call "
+                         f"asks {n}: give the same number of images, or a new table")
+    done = lambda have: want <= set(zip(have['corruption'], have['severity'].astype(int)))
+    return _per_model(runs, old, done, measure, out, show_progress, 'models')
 
 def corruption_summary(df: pd.DataFrame, by: str = 'category') -> pd.DataFrame:
     "Mean FS per condition (over seeds' means) and corruption or category, and overall: the CIFAR-10-C table."
@@ -94,6 +131,7 @@ def resolution_study(path: str | Path,
                      conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
                      data_path: str | Path | None = None, device=None,
                      ssdc: bool = True,                  # also SSDC per layer, unpermuted and under RPI, at each size
+                     out: str | Path | None = None,      # a table to keep: models it holds for these sizes are not measured again
                      show_progress: bool | None = None,
                     ) -> pd.DataFrame:
     "Clean accuracy (and SSDC per layer) of every kept model at each test size, by each resizing rule its PE has."
@@ -102,9 +140,9 @@ def resolution_study(path: str | Path,
     runs = [(c, s) for c, s in kept_runs(path) if (conditions is None or c in conditions) and (seeds is None or s in seeds)]
     if not runs: raise FileNotFoundError(f"no kept models under {path / 'runs'}")
     ev = EvalData(experiment_data(exp, data_path), exp.ssdc_images, exp.eval_bs, device, sample_seed=exp.sample_seed)
-    rows, frames = [], []
     sample = ev.images[ev.ssdc_index]
-    for c, s in pbar(runs, show=show_progress, comment='models'):
+    def measure(c, s):
+        rows, frames = [], []
         model = load_kept(path, c, s, ev=ev).model
         patch = anatomy(model).img_size[0] // anatomy(model).grid_size[0]
         for rule in RESOLUTION_RULES:
@@ -123,8 +161,13 @@ def resolution_study(path: str | Path,
                     t = ssdc_trajectories(m, b, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms, perm_seed=run_perm_seed(s),
                                           measure_kwargs=dict(show_progress=False, layers=range(anatomy(m).depth + 1)))
                     frames.append(t[['metric', 'mode', 'layer', 'value']].assign(**meta))
-    out = pd.DataFrame(rows)
-    return pd.concat([out] + frames, ignore_index=True) if frames else out
+        return pd.concat([pd.DataFrame(rows)] + frames, ignore_index=True)
+    def done(have):                                                    # every size measured (or refused) by the index rule
+        idx = have[have['rule'] == 'index']
+        acc = idx[idx['metric'] == 'acc']
+        asked, refused = {int(z) for z in sizes}, set(acc.loc[acc['value'].isna(), 'size'].astype(int))
+        return asked <= set(acc['size'].astype(int)) and (not ssdc or asked - refused <= set(idx.loc[idx['metric'] == 'ssdc', 'size'].astype(int)))
+    return _per_model(runs, _stored(out, exp.name, 'resolution study'), done, measure, out, show_progress, 'models')
 
 # %% ../nbs/16_shift_study.ipynb #df02ea71
 ANCHOR_FREE = ('nope', 'rpt', 'alibi')   # conditions without index anchoring (by construction or by their verdict)
