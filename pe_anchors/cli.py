@@ -325,9 +325,9 @@ def cmd_study(a):
         print(acc.round(3).to_string()); print(f"rows in {out.table('resolution')} (models it already held were not measured again)")
 
 def cmd_atlas(a):
-    "SSDC unpermuted and under RPI per block for timm checkpoints on an image folder: OUT/atlas.csv and atlas.png."
+    "SSDC unpermuted and under RPI per block for timm checkpoints or trained runs on the same images: OUT/atlas.csv and atlas.png."
     from pe_anchors.atlas import atlas
-    if not a.data_path: raise UserError("atlas needs --data-path: an image folder with train/ and val/ class folders")
+    if not a.data_path: raise UserError("atlas needs --data-path: an image folder with train/ and val/ class folders, or a packed .npz")
     _threads(a)
     df = atlas(a.models, a.data_path, n_images=a.images, n_perms=a.n_perms, pretrained=not a.random, out=a.out,
                show_progress=False if a.quiet else None)
@@ -443,8 +443,9 @@ def _opts_atlas(s):
     import inspect
     from pe_anchors.atlas import atlas
     d = {k: v.default for k, v in inspect.signature(atlas).parameters.items()}
-    s.add_argument('models', nargs='+', help="timm model names, e.g. vit_base_patch16_224.augreg_in1k vit_base_patch16_rope_224.naver_in1k")
-    s.add_argument('--data-path', help='image folder: train/<class>/*, val/<class>/*')
+    s.add_argument('models', nargs='+', help="timm model names (e.g. vit_base_patch16_224.augreg_in1k vit_base_patch16_rope_224.naver_in1k) or "
+                   "trained models: runs at any of their levels, Hub folders, .safetensors files")
+    s.add_argument('--data-path', help='image folder (train/<class>/*, val/<class>/*) or a packed .npz')
     s.add_argument('--out', default='atlas', help='output directory (default: ./atlas)')
     s.add_argument('--images', type=positive_int, default=d['n_images'],
                    help=f"validation images, class-stratified (default {d['n_images']})")
@@ -470,7 +471,7 @@ COMMANDS = {   # name: (one-line help, its options, the function it runs)
     'report': ("regenerate an experiment's figures, tables and verdicts", _opts_report, cmd_report),
     'export': ('write a finished run as a Hugging Face Hub folder with a model card', _opts_export, cmd_export),
     'study': ("ask an experiment's kept models again: mechanisms, CIFAR-10-C, test sizes", _opts_study, cmd_study),
-    'atlas': ('SSDC normal / RPI of timm ViT, Eva, BEiT, Swin checkpoints on an image folder', _opts_atlas, cmd_atlas),
+    'atlas': ('SSDC normal / RPI per block of timm checkpoints or trained runs (ViT, Eva, BEiT, Swin) on the same images', _opts_atlas, cmd_atlas),
     'bench': ('benchmarks (print their figures)', _opts_bench, cmd_bench),
 }
 

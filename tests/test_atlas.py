@@ -49,3 +49,40 @@ def test_a_timm_name_is_built_offline_at_the_folder_size(folder):
     df = atlas(['vit_tiny_patch16_224'], folder, n_images=4, n_perms=1, pretrained=False, show_progress=False,
                model_kwargs=dict(img_size=8, patch_size=2, depth=2))
     assert set(df['model']) == {'vit_tiny_patch16_224'} and sorted(df['layer'].unique()) == [0, 1]
+
+
+def _packed(folder, tmp_path):
+    "The image folder packed as CIFAR-10's npz layout ({train,val}_jpeg bytes, _offsets, _labels, classes)."
+    import io
+    import numpy as np
+    d = {}
+    for split in ('train', 'val'):
+        files = sorted((folder / split).glob('*/*.png'))
+        ims = []
+        for f in files:
+            b = io.BytesIO(); Image.open(f).save(b, 'JPEG', quality=100); ims.append(b.getvalue())
+        d[f'{split}_jpeg'] = np.frombuffer(b''.join(ims), np.uint8)
+        d[f'{split}_offsets'] = np.cumsum([0] + [len(x) for x in ims]).astype(np.int64)
+        d[f'{split}_labels'] = np.array([int(f.parent.name[1:]) for f in files])
+    d['classes'] = np.array(['c0', 'c1'])
+    np.savez(tmp_path / 'p.npz', **d)
+    return tmp_path / 'p.npz'
+
+
+def test_trained_models_are_given_by_path_and_images_as_a_packed_npz(folder, tmp_path):
+    from pe_anchors.data import cifar10
+    from pe_anchors.hub import save_hub
+    torch.manual_seed(0)
+    m = timm.create_model('pe_vit_nano_patch1_8', pe='ape', num_classes=2).eval()
+    hub = save_hub(m, tmp_path / 'ape-hub')
+    npz = _packed(folder, tmp_path)
+    by_path = atlas([str(hub)], npz, n_images=8, n_perms=2, show_progress=False)
+    assert set(by_path['model']) == {'ape-hub'}                          # named after the folder it was given as
+    # the same numbers as the model passed built, on the npz's images normalised by the model's own statistics
+    data = cifar10(npz, img_size=8)
+    mean, std = m.pretrained_cfg['mean'], m.pretrained_cfg['std']
+    x = ((data.valid.images[stratified_sample(data.valid.labels, 8, 0)].float() / 255
+          - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None])
+    want = measure_ssdc(m, [x], 'rpi', 2, 0, show_progress=False).values.mean(0)
+    got = by_path[by_path['mode'] == 'rpi'].sort_values('layer')['value'].to_numpy()
+    assert abs(got - want).max() < 1e-5
