@@ -31,12 +31,13 @@ class Explorer:
                 ):
         if not models: raise ValueError("Explorer needs at least one model")
         self.models, self.batches, self.max_images, self.perm_seed = dict(models), batches, max_images, perm_seed
-        self._sim, self._ssdc = {}, {}
+        self._sim, self._ssdc, self._grid = {}, {}, {}
 
     def _compute(self, name: str, mode: str):
         key = (name, mode)
         if key not in self._sim:
             model = self.models[check_choice('model', name, self.models)]
+            if model is None: raise ValueError(f"{name!r} was loaded from a file without its {mode} maps; only what was saved can be drawn")
             hook = TokenPermutation(model, mode='draw', seed=self.perm_seed) if mode == 'rpi' else nullcontext()
             with hook: acc = ssdc_curve(model, self.batches, max_images=self.max_images, show_progress=False)
             sim = acc.mean_similarity().float().cpu()                                # (L, N, N)
@@ -45,7 +46,8 @@ class Explorer:
 
     def grid_size(self, name: str) -> tuple[int, int]:
         "The patch grid `(H, W)` of model `name`."
-        return anatomy(self.models[name]).grid_size
+        if name in self._grid: return self._grid[name]
+        return anatomy(self.models[check_choice('model', name, self.models)]).grid_size
 
     def similarity_map(self, name: str, layer: int, query: int | tuple[int, int], rpi: bool = False) -> np.ndarray:
         "`(H, W)` mean cosine similarity between the query token (index or (row, col)) and every patch token at `layer`."
@@ -115,3 +117,34 @@ def show(self: Explorer, name: str | None = None, layers: Iterable[int] | None =
     depth = len(self.ssdc(name))
     for layer in (layers if layers is not None else sorted({0, 1, depth - 1})):
         for rpi in (False, True): self.figure(name, layer, query, rpi)
+
+# %% ../nbs/12_explorer.ipynb #f595d1c4
+@patch
+def save(self: Explorer, path, names: Iterable[str] | None = None):
+    "Write the maps (float16) and SSDC curves of `names` (default: every model), both modes, to an `.npz` that `Explorer.load` reads."
+    import json
+    names, arrays, index = list(names or self.models), {}, []
+    for name in names:
+        for mode in self.modes:
+            sim, curve = self._compute(name, mode)
+            arrays[f'sim{len(index)}'], arrays[f'ssdc{len(index)}'] = sim.half().numpy(), np.asarray(curve, np.float64)
+            index.append([name, mode])
+        arrays[f'grid_{names.index(name)}'] = np.array(self.grid_size(name))
+    np.savez_compressed(path, index=np.array(json.dumps(dict(pairs=index, names=names))), **arrays)
+    return path
+
+@patch(cls_method=True)
+def load(cls: Explorer, path) -> Explorer:
+    "An explorer over the maps and curves `Explorer.save` wrote: no models or images needed."
+    import json
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f['index']))
+            ex = cls({n: None for n in meta['names']}, [])
+            for i, (name, mode) in enumerate(meta['pairs']):
+                import torch
+                ex._sim[name, mode], ex._ssdc[name, mode] = torch.from_numpy(f[f'sim{i}'].astype(np.float32)), f[f'ssdc{i}']
+            for j, name in enumerate(meta['names']): ex._grid[name] = tuple(int(v) for v in f[f'grid_{j}'])
+    except (KeyError, ValueError, OSError) as e:
+        raise ValueError(f"{path} is not a file Explorer.save wrote ({type(e).__name__}: {e})") from None
+    return ex
