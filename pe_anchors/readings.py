@@ -18,8 +18,8 @@ from .measures import (Measure, Missing, acc, delta, fmt3, fs, has, layers, meas
 from .claims import ANCHOR_MARGIN, CONTROL, anchoring, verdicts
 
 # %% auto #0
-__all__ = ['MIXING_SHARE', 'BORDER_SHARE', 'readings', 'alpha_table', 'alpha_anchoring', 'output_reading', 'padding_table',
-           'padding_reading']
+__all__ = ['MIXING_SHARE', 'BORDER_SHARE', 'PADDING_TWINS', 'readings', 'alpha_table', 'alpha_anchoring', 'output_reading',
+           'trained_twins', 'padding_table', 'padding_reading']
 
 # %% ../nbs/10f_readings.ipynb #146ee9ff
 def _m(df, c, q) -> Measure | None:
@@ -225,26 +225,49 @@ def output_reading(df: pd.DataFrame, conditions: Sequence[str] | None = None) ->
 # %% ../nbs/10f_readings.ipynb #8dd97310
 MIXING_SHARE, BORDER_SHARE = .5, .2   # share of the zero-padded anchoring kept with circular padding: mixing / border
 
+PADDING_TWINS = {'peg': 'peg_circular', 'nope_conv': 'nope_conv_circular'}   # zero-padded condition -> its circular twin
+
+def trained_twins(df: pd.DataFrame, zero: str = 'peg', circular: str | None = None) -> pd.DataFrame:
+    "A zero-padded condition and its twin *trained* with circular padding as one `padding_ablation`-style table (condition `zero`, a `padding` column)."
+    circular = circular or PADDING_TWINS.get(zero)
+    d = main_rows(df)
+    z, c = d[d['condition'] == zero], d[d['condition'] == circular]
+    if not len(z) or not len(c):
+        raise Missing(f"trained_twins needs trained runs of {zero} and {circular}; the table has "
+                      f"{', '.join(condition_order(d['condition'].unique()))}")
+    return pd.concat([z.assign(padding='zeros'), c.assign(padding='circular', condition=zero)], ignore_index=True)
+
 def padding_table(pa: pd.DataFrame, condition: str = 'peg') -> pd.DataFrame:
-    "One row per padding of a `padding_ablation` table: RPI-SSDC at layer 0, ΔSSDC, the peak, clean accuracy, JPEG FS."
+    "One row per padding of a `padding_ablation` (or `trained_twins`) table: RPI-SSDC at layer 0, ΔSSDC, the peak, clean accuracy, JPEG and blur FS."
     rows = []
     for p, d in pa.groupby('padding', sort=False):
         rows.append({'padding': p, 'seeds': per_seed(d, condition, rpi(0)).size, 'RPI layer 0': str(_m(d, condition, rpi(0))),
                      'ΔSSDC': str(_m(d, condition, delta())), 'peak': str(_m(d, condition, peak())),
-                     'clean acc': str(_m(d, condition, acc())), 'JPEG FS': str(_m(d, condition, fs('jpeg')))})
-    return pd.DataFrame(rows)
+                     'clean acc': str(_m(d, condition, acc())), 'JPEG FS': str(_m(d, condition, fs('jpeg'))),
+                     'blur FS': str(_m(d, condition, fs('blur')))})
+    t = pd.DataFrame(rows)
+    return t.loc[:, [k for k in t if not (t[k] == 'None').all()]]          # a measure neither padding has (blur in an ablation)
 
-def padding_reading(pa: pd.DataFrame, condition: str = 'peg') -> str:
+def padding_reading(pa: pd.DataFrame, condition: str = 'peg',
+                    trained: bool = False,   # a `trained_twins` table: each padding trained in, fragility compared too
+                   ) -> str:
     "Whether a PEG's index anchoring survives circular padding (mixing), vanishes with it (the border), or partly."
     have = set(pa['padding'])
     if not {'zeros', 'circular'} <= have:
         raise ValueError(f"padding_reading needs the 'zeros' and 'circular' paddings, the table has {sorted(have)}")
-    z, c = ({'delta': _m(pa[pa['padding'] == p], condition, delta()), 'peak': _m(pa[pa['padding'] == p], condition, peak()),
-             'acc': _m(pa[pa['padding'] == p], condition, acc())} for p in ('zeros', 'circular'))
-    head = (f"With zero padding (as trained) ΔSSDC is {z['delta']} and the peak RPI-SSDC {z['peak']}; with circular "
-            f"padding ΔSSDC is {c['delta']} and the peak {c['peak']} (clean accuracy {z['acc']} → {c['acc']}).")
+    z, c = ({k: _m(pa[pa['padding'] == p], condition, q) for k, q in
+             (('delta', delta()), ('peak', peak()), ('acc', acc()), ('jpeg', fs('jpeg')), ('blur', fs('blur')))}
+            for p in ('zeros', 'circular'))
+    name = condition_label(condition)
+    if trained:
+        head = (f"{name} trained with zero padding: ΔSSDC {z['delta']}, peak RPI-SSDC {z['peak']}; trained with circular "
+                f"padding: ΔSSDC {c['delta']}, peak {c['peak']} (clean accuracy {z['acc']} → {c['acc']}; JPEG FS "
+                f"{z['jpeg']} → {c['jpeg']}" + (f", blur FS {z['blur']} → {c['blur']}" if z['blur'] and c['blur'] else '') + ').')
+    else:
+        head = (f"With zero padding (as trained) ΔSSDC is {z['delta']} and the peak RPI-SSDC {z['peak']}; with circular "
+                f"padding ΔSSDC is {c['delta']} and the peak {c['peak']} (clean accuracy {z['acc']} → {c['acc']}).")
     if z['delta'].mean <= ANCHOR_MARGIN and z['peak'].mean <= ANCHOR_MARGIN:
-        return head + " The PEG is not index-anchored as trained, so there is nothing to attribute."
+        return head + f" The zero-padded {name} is not index-anchored, so there is nothing to attribute."
     key, what = ('delta', 'ΔSSDC') if z['delta'].mean > ANCHOR_MARGIN else ('peak', 'the peak RPI-SSDC')
     share = c[key].mean / z[key].mean
     if share >= MIXING_SHARE and c[key].mean > ANCHOR_MARGIN:
