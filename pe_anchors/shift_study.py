@@ -219,8 +219,9 @@ def _point(df, c, s, alpha=None) -> dict:
 
 def dose_points(results: dict,                     # experiment name -> results table (trained models)
                 padding: pd.DataFrame | None = None,  # an `experiment.padding_ablation` table (inference-time padding)
+                corruptions: pd.DataFrame | None = None, # `corruption_study` tables (their `experiment` column says whose)
                ) -> pd.DataFrame:
-    "One row per trained model (and per inference-time intervention of it): anchoring measures, clean accuracy, JPEG/blur FS."
+    "One row per trained model (and per inference-time intervention of it): anchoring measures, clean accuracy, JPEG/blur FS (and CIFAR-10-C mean FS)."
     from pe_anchors.results import alpha_rows, main_rows
     rows = []
     for name, df in results.items():
@@ -236,7 +237,13 @@ def dose_points(results: dict,                     # experiment name -> results 
             if p == 'zeros': continue
             rows.append(dict(experiment='padding', condition=c, seed=int(s), kind='inference', intervention=f"{p} padding",
                              **_point(g.drop(columns='padding'), c, s)))
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if corruptions is not None and len(out):                       # mean FS over every corruption × severity of a trained model
+        m = corruptions.groupby(['experiment', 'condition', 'seed'])['fs'].mean().rename('fs_c10c').reset_index()
+        m['seed'] = m['seed'].astype(int)
+        out = out.merge(m, on=['experiment', 'condition', 'seed'], how='left')
+        out.loc[out['kind'] != 'trained', 'fs_c10c'] = np.nan
+    return out
 
 def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs_jpeg',
                   conditions: Sequence[str] | None = DOSE_SET, n_boot: int = 2000, seed: int = 0) -> dict:
@@ -258,11 +265,13 @@ def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs
                 slope=float(np.polyfit(x, y, 1)[0]), slope_low=float(sl), slope_high=float(sh))
 
 def fig_dose(points: pd.DataFrame, measure: str = 'peak', title: str = ''):
-    "JPEG and blur FS against an anchoring measure: trained models as filled points (one per seed), inference-time interventions hollow."
+    "JPEG and blur FS (and CIFAR-10-C mean FS where measured) against an anchoring measure: trained models filled (one point per seed), inference-time interventions hollow."
     import matplotlib.pyplot as plt
     from pe_anchors.plots import condition_color
-    fig, axs = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
-    for ax, target, name in zip(axs, ('fs_jpeg', 'fs_blur'), ('JPEG FS', 'blur FS')):
+    targets = [('fs_jpeg', 'JPEG FS'), ('fs_blur', 'blur FS')] + ([('fs_c10c', 'CIFAR-10-C mean FS')]
+                                                                 if points.get('fs_c10c', pd.Series(dtype=float)).notna().any() else [])
+    fig, axs = plt.subplots(1, len(targets), figsize=(5.5 * len(targets), 4.2), sharex=True)
+    for ax, (target, name) in zip(axs, targets):
         for c in condition_order(points['condition'].unique()):
             d = points[points['condition'] == c]
             t, i = d[d['kind'] == 'trained'], d[d['kind'] == 'inference']
@@ -272,5 +281,5 @@ def fig_dose(points: pd.DataFrame, measure: str = 'peak', title: str = ''):
                        'table_ssdc': "the PE table's own SSDC"}.get(measure, measure))
         ax.set_ylabel(name); ax.grid(alpha=.3)
     axs[0].set_title(title or 'filled: trained with it (one point per seed); hollow: changed at inference', fontsize=9)
-    axs[1].legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
+    axs[-1].legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
     fig.tight_layout(); return fig
