@@ -249,7 +249,7 @@ def padding_table(pa: pd.DataFrame, condition: str = 'peg') -> pd.DataFrame:
     return t.loc[:, [k for k in t if not (t[k] == 'None').all()]]          # a measure neither padding has (blur in an ablation)
 
 def padding_reading(pa: pd.DataFrame, condition: str = 'peg',
-                    trained: bool = False,   # a `trained_twins` table: each padding trained in, fragility compared too
+                    trained: bool = False,   # a trained_twins table: each padding trained in, fragility compared too
                    ) -> str:
     "Whether a PEG's index anchoring survives circular padding (mixing), vanishes with it (the border), or partly."
     have = set(pa['padding'])

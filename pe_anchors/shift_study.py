@@ -219,7 +219,7 @@ def _point(df, c, s, alpha=None) -> dict:
 
 def dose_points(results: dict,                     # experiment name -> results table (trained models)
                 padding: pd.DataFrame | None = None,  # an `experiment.padding_ablation` table (inference-time padding)
-                corruptions: pd.DataFrame | None = None, # `corruption_study` tables (their `experiment` column says whose)
+                corruptions: pd.DataFrame | None = None, # corruption_study tables (their experiment column says whose)
                ) -> pd.DataFrame:
     "One row per trained model (and per inference-time intervention of it): anchoring measures, clean accuracy, JPEG/blur FS (and CIFAR-10-C mean FS)."
     from pe_anchors.results import alpha_rows, main_rows
