@@ -25,8 +25,8 @@ from .results import read_table, write_results
 from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept
 
 # %% auto #0
-__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'corruption_study', 'corruption_summary',
-           'resolution_study', 'association', 'dose_points', 'dose_response', 'fig_dose']
+__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'DOSE_PAIRS', 'corruption_study', 'corruption_summary',
+           'resolution_study', 'association', 'dose_points', 'dose_response', 'fig_dose', 'dose_reading']
 
 # %% ../nbs/16_shift_study.ipynb #18966ee1
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
@@ -205,6 +205,7 @@ def association(anchor: pd.Series,               # per condition: an anchoring m
 
 # %% ../nbs/16_shift_study.ipynb #ad29a118
 DOSE_SET = ('nope', 'spe_x025', 'spe_x05', 'spe', 'random_table', 'smooth_table')   # fixed additive tables: one backbone
+DOSE_PAIRS = (('peg', 'peg_circular'), ('nope_conv', 'nope_conv_circular'), ('rope', 'rope_t100'))   # one change trained in
 
 def _point(df, c, s, alpha=None) -> dict:
     from pe_anchors.measures import Missing, acc, delta, fs, peak, per_seed, rpi, table_ssdc
@@ -283,3 +284,37 @@ def fig_dose(points: pd.DataFrame, measure: str = 'peak', title: str = ''):
     axs[0].set_title(title or 'filled: trained with it (one point per seed); hollow: changed at inference', fontsize=9)
     axs[-1].legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
     fig.tight_layout(); return fig
+
+# %% ../nbs/16_shift_study.ipynb #58f0eebe
+def _fmt_slope(r: dict, name: str) -> str:
+    if r['n'] < 3: return f"{name} FS: fewer than 3 models"
+    return (f"{name} FS: slope {r['slope']:+.3f} [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}] per unit of peak RPI-SSDC, "
+            f"Spearman ρ {r['rho']:+.2f} [{r['rho_low']:+.2f}, {r['rho_high']:+.2f}] over {r['n']} models")
+
+def dose_reading(points: pd.DataFrame, conditions: Sequence[str] = DOSE_SET, pairs=DOSE_PAIRS) -> str:
+    "The dose-response over the fixed-table models with a verdict from its intervals, and each trained twin pair read for direction."
+    targets = [('fs_jpeg', 'JPEG'), ('fs_blur', 'blur')] + ([('fs_c10c', 'CIFAR-10-C mean')] if 'fs_c10c' in points else [])
+    res = {t: dose_response(points, 'peak', t, conditions) for t, _ in targets}
+    done = condition_order(set(points[points['kind'] == 'trained']['condition']) & set(conditions))
+    main = [res['fs_jpeg'], res['fs_blur']]
+    if any(r['n'] < 3 for r in main): verdict = 'undecided (fewer than 3 fixed-table models)'
+    elif any(r['slope_low'] > 0 for r in main):
+        verdict = "**contradicts** the paper's causal direction: fragility rises with the anchoring trained in"
+    elif all(r['slope_high'] < 0 for r in main):
+        verdict = "**supports** the paper's causal direction: fragility falls as more anchoring is trained in"
+    else: verdict = "leaves the causal direction **undecided**: an interval holds 0"
+    out = [f"At one architecture with only the fixed table changed ({', '.join(condition_label(c) for c in done)}; "
+           f"95% bootstrap intervals over models, each seed a model): " + '; '.join(_fmt_slope(res[t], n) for t, n in targets)
+           + f". On JPEG and blur this {verdict}."]
+    t = points[points['kind'] == 'trained'].groupby('condition')[['peak', 'fs_jpeg', 'fs_blur']].mean()
+    for a, b in pairs:
+        if a not in t.index or b not in t.index: continue
+        dp, dj, db = (t.loc[b, k] - t.loc[a, k] for k in ('peak', 'fs_jpeg', 'fs_blur'))
+        agree = [n for n, dv in (('JPEG', dj), ('blur', db)) if np.sign(dv) == -np.sign(dp)]
+        out.append(f"{condition_label(a)} → {condition_label(b)} (trained so): peak RPI-SSDC {t.loc[a, 'peak']:.3f} → "
+                   f"{t.loc[b, 'peak']:.3f}, JPEG FS {t.loc[a, 'fs_jpeg']:.3f} → {t.loc[b, 'fs_jpeg']:.3f}, blur FS "
+                   f"{t.loc[a, 'fs_blur']:.3f} → {t.loc[b, 'fs_blur']:.3f}: "
+                   + (f"anchoring and fragility move in opposite directions for {' and '.join(agree)}, as the claim says"
+                      if agree else "anchoring and fragility do not move in opposite directions")
+                   + " (means over the seeds each has; a reading of the values, not a test).")
+    return '\n'.join(f"- {o}" for o in out)
