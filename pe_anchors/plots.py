@@ -16,10 +16,13 @@ __all__ = ['condition_color', 'plot_ssdc', 'plot_fragility', 'plot_shift_curves'
 
 # %% ../nbs/10_plots.ipynb #9c1f2e07
 _PALETTE = {'ape': 'C0', 'spe': 'C1', 'rope': 'C2', 'nope': 'C3', 'rpt': 'C4', 'rope_mixed': 'C5', 'rpb': 'C6',
-            'ape_rope': 'C7', 'rope_dinov3': 'C8', 'peg': 'C9', 'alibi': '#8c564b'}
+            'ape_rope': 'C7', 'rope_dinov3': 'C8', 'peg': 'C9', 'alibi': '#222222',
+            # the dose conditions: each near the colour of the condition it varies, told apart from every other
+            'spe_x025': '#a63603', 'spe_x05': '#fdae6b', 'random_table': '#08306b', 'smooth_table': '#6baed6',
+            'peg_circular': '#9edae5', 'nope_conv': '#67000d', 'nope_conv_circular': '#fc9272', 'rope_t100': '#00441b'}
 
 def condition_color(condition: str) -> str:
-    "One colour per condition on every figure: the paper's five and the families fixed, any other from tab20 by its name."
+    "One colour per condition on every figure: every named condition fixed (no two alike), any other from tab20 by its name."
     if condition in _PALETTE: return _PALETTE[condition]
     import matplotlib
     return matplotlib.colors.to_hex(matplotlib.colormaps['tab20'](sum(map(ord, condition)) % 20))

@@ -53,3 +53,12 @@ def test_fig3_names_the_experiment_not_ours():
     assert titles[:2] == ['blur (synthetic, seeds 0–1)', 'JPEG (synthetic, seeds 0–1)'] and titles[2:] == ['blur (paper)', 'JPEG (paper)']
     assert not any('ours' in t for t in titles)
     assert data_label(synthetic_results(seeds=(0, 2))) == 'synthetic, seeds 0, 2'
+
+
+def test_every_named_condition_has_its_own_colour():
+    import matplotlib.colors as mc
+    from pe_anchors.core import CONDITIONS
+    from pe_anchors.plots import condition_color
+    hexes = {c: mc.to_hex(condition_color(c)) for c in CONDITIONS}
+    same = [(a, b) for i, a in enumerate(hexes) for b in list(hexes)[i + 1:] if hexes[a] == hexes[b]]
+    assert not same, f"conditions drawn in the same colour: {same}"
