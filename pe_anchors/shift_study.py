@@ -306,15 +306,21 @@ def dose_reading(points: pd.DataFrame, conditions: Sequence[str] = DOSE_SET, pai
     out = [f"At one architecture with only the fixed table changed ({', '.join(condition_label(c) for c in done)}; "
            f"95% bootstrap intervals over models, each seed a model): " + '; '.join(_fmt_slope(res[t], n) for t, n in targets)
            + f". On JPEG and blur this {verdict}."]
-    t = points[points['kind'] == 'trained'].groupby('condition')[['peak', 'fs_jpeg', 'fs_blur']].mean()
+    g = points[points['kind'] == 'trained'].groupby('condition')[['peak', 'fs_jpeg', 'fs_blur']]
+    t, sd = g.mean(), g.std()                                          # sd: over the seeds of a condition that has several
     for a, b in pairs:
         if a not in t.index or b not in t.index: continue
         dp, dj, db = (t.loc[b, k] - t.loc[a, k] for k in ('peak', 'fs_jpeg', 'fs_blur'))
-        agree = [n for n, dv in (('JPEG', dj), ('blur', db)) if np.sign(dv) == -np.sign(dp)]
+        noise = {n: 2 * np.nanmax([sd.loc[a, k], sd.loc[b, k]]) for n, k in (('JPEG', 'fs_jpeg'), ('blur', 'fs_blur'))
+                 if np.isfinite([sd.loc[a, k], sd.loc[b, k]]).any()}
+        small = [n for n, dv in (('JPEG', dj), ('blur', db)) if n in noise and abs(dv) <= noise[n]]
+        agree = [n for n, dv in (('JPEG', dj), ('blur', db)) if np.sign(dv) == -np.sign(dp) and n not in small]
         out.append(f"{condition_label(a)} → {condition_label(b)} (trained so): peak RPI-SSDC {t.loc[a, 'peak']:.3f} → "
                    f"{t.loc[b, 'peak']:.3f}, JPEG FS {t.loc[a, 'fs_jpeg']:.3f} → {t.loc[b, 'fs_jpeg']:.3f}, blur FS "
                    f"{t.loc[a, 'fs_blur']:.3f} → {t.loc[b, 'fs_blur']:.3f}: "
                    + (f"anchoring and fragility move in opposite directions for {' and '.join(agree)}, as the claim says"
                       if agree else "anchoring and fragility do not move in opposite directions")
+                   + (f"; the {' and '.join(small)} change{'s are' if len(small) > 1 else ' is'} within twice the seed SD "
+                      f"({', '.join(f'{noise[n]:.3f}' for n in small)}), not read as a direction" if small else '')
                    + " (means over the seeds each has; a reading of the values, not a test).")
     return '\n'.join(f"- {o}" for o in out)
