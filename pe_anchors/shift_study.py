@@ -26,7 +26,8 @@ from .experiment import EvalData, experiment_data, experiment_of, kept_runs, loa
 
 # %% auto #0
 __all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'DOSE_PAIRS', 'corruption_study', 'corruption_summary',
-           'resolution_study', 'association', 'dose_points', 'dose_response', 'fig_dose', 'dose_reading']
+           'resolution_study', 'association', 'dose_points', 'dose_response', 'fig_dose', 'model_rows', 'model_name',
+           'pooled_sd', 'pair_line', 'dose_reading', 'lever_reading', 'fig_curves']
 
 # %% ../nbs/16_shift_study.ipynb #18966ee1
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
@@ -205,7 +206,7 @@ def association(anchor: pd.Series,               # per condition: an anchoring m
 
 # %% ../nbs/16_shift_study.ipynb #ad29a118
 DOSE_SET = ('nope', 'spe_x025', 'spe_x05', 'spe', 'random_table', 'smooth_table')   # fixed additive tables: one backbone
-DOSE_PAIRS = (('peg', 'peg_circular'), ('nope_conv', 'nope_conv_circular'), ('rope', 'rope_t100'))   # one change trained in
+DOSE_PAIRS = (('peg', 'peg_circular'), ('nope_conv', 'nope_conv_circular'))   # one change trained in (RoPE's levers: lever_reading)
 
 def _point(df, c, s, alpha=None) -> dict:
     from pe_anchors.measures import Missing, acc, delta, fs, peak, per_seed, rpi, table_ssdc
@@ -216,7 +217,27 @@ def _point(df, c, s, alpha=None) -> dict:
         elif alpha is not None: q = q.at(alpha)
         try: v = per_seed(df, c, q); out[name] = float(v[s]) if s in v.index else np.nan
         except Missing: out[name] = np.nan
-    return out
+    return out | _profile(df, c, s, alpha)
+
+def _rpi_rows(df, c, s=None, alpha=None) -> pd.DataFrame:
+    "The trained RPI-SSDC rows of `c` (seed `s`, or every seed), ordinary or at α of the sweep, with `out`: the output tap's row."
+    from pe_anchors.measures import rpi_mode
+    from pe_anchors.results import alpha_rows, main_rows, ssdc_metric
+    mode = rpi_mode(df)
+    d = main_rows(df) if alpha is None else alpha_rows(df)
+    d = d[(d['condition'] == c) & (d['stage'] == 'trained') & (d['mode'] == mode) & (d['metric'] == ssdc_metric(mode))
+          & (d['layer'] >= 0) & d['value'].notna()]
+    if s is not None: d = d[d['seed'] == s]
+    if alpha is not None: d = d[np.isclose(d['alpha'].astype(float), alpha)]
+    return d.assign(out=(d['tap'].fillna('').astype(str) == 'output') if 'tap' in d else False)
+
+def _profile(df, c, s, alpha=None) -> dict:
+    "Seed `s` of `c`: the layer of its peak RPI-SSDC, how many block inputs its curve has, and the RPI-SSDC at the output tap."
+    d = _rpi_rows(df, c, s, alpha)
+    blocks, out = d[~d['out']], d[d['out']]
+    return dict(peak_layer=int(blocks.loc[blocks['value'].idxmax(), 'layer']) if len(blocks) else np.nan,
+                blocks=int(blocks['layer'].max()) + 1 if len(blocks) else np.nan,
+                rpi_out=float(out['value'].iloc[0]) if len(out) else np.nan)
 
 def dose_points(results: dict,                     # experiment name -> results table (trained models)
                 padding: pd.DataFrame | None = None,  # an `experiment.padding_ablation` table (inference-time padding)
@@ -251,6 +272,9 @@ def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs
     "Over trained models (of `conditions`): Spearman ρ and the slope of `target` on `measure`, each with a bootstrap interval over models."
     p = points[(points['kind'] == 'trained') & points[measure].notna() & points[target].notna()]
     if conditions is not None: p = p[p['condition'].isin(conditions)]
+    if 'blocks' in p and p['blocks'].nunique() > 1:
+        raise ValueError(f"the models have {sorted(int(b) for b in p['blocks'].dropna().unique())} blocks: a dose-response "
+                         "is read at one architecture (give the points of one depth)")
     x, y = p[measure].to_numpy(float), p[target].to_numpy(float)
     if len(p) < 3: return dict(measure=measure, target=target, n=len(p), rho=np.nan, rho_low=np.nan, rho_high=np.nan,
                                slope=np.nan, slope_low=np.nan, slope_high=np.nan)
@@ -286,6 +310,61 @@ def fig_dose(points: pd.DataFrame, measure: str = 'peak', title: str = ''):
     fig.tight_layout(); return fig
 
 # %% ../nbs/16_shift_study.ipynb #58f0eebe
+def model_rows(points: pd.DataFrame, key) -> pd.DataFrame:
+    """The trained points (one per seed) of one model: `key` a condition, or (experiment, condition) where several
+    experiments hold the condition (an 8-block RoPE beside the 4-block one); `KeyError` when there are none."""
+    p = points[points['kind'] == 'trained']
+    if isinstance(key, tuple): p = p[(p['experiment'] == key[0]) & (p['condition'] == key[1])]
+    else:
+        p = p[p['condition'] == key]
+        if 'experiment' in p and p['experiment'].nunique() > 1:
+            raise ValueError(f"{key!r} is trained in several experiments ({', '.join(sorted(p['experiment'].unique()))}): "
+                             "name the model as (experiment, condition)")
+    if p.empty: raise KeyError(key)
+    return p
+
+def model_name(p: pd.DataFrame) -> str:
+    "A model's label, with its number of blocks when its curve has another number than 4 (the nano model's)."
+    b = p['blocks'].dropna() if 'blocks' in p else pd.Series(dtype=float)
+    return condition_label(p['condition'].iloc[0]) + (f" ({int(b.iloc[0])} blocks)" if len(b) and int(b.iloc[0]) != 4 else '')
+
+def pooled_sd(points: pd.DataFrame) -> pd.Series:
+    "Each measure's seed SD pooled over the trained models that have several seeds (the root of their mean variance)."
+    p = points[points['kind'] == 'trained']
+    keys = [k for k in ('experiment', 'condition') if k in p]
+    cols = [k for k in ('peak', 'acc', 'fs_jpeg', 'fs_blur') if k in p]
+    return np.sqrt(p.groupby(keys)[cols].var().mean())
+
+def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra: str = '',
+              ref_sd: pd.Series | None = None,   # `pooled_sd`: the noise of a pair whose models have one seed each
+             ) -> str:
+    """Model `a` → model `b` (their trained points, one per seed): peak RPI-SSDC, clean accuracy and JPEG/blur FS, read
+    for direction. A change within twice the seed SD (the larger of the two models' where one has several seeds, else
+    `ref_sd`'s) is not read as a direction; when the anchoring itself does not move beyond it, there is nothing to read."""
+    k3 = ['peak', 'fs_jpeg', 'fs_blur']
+    ta, tb, sa, sb = a[k3].mean(), b[k3].mean(), a[k3].std(), b[k3].std()     # std: NaN for one seed
+    d = {k: tb[k] - ta[k] for k in k3}
+    own = {k: 2 * np.nanmax([sa[k], sb[k]]) for k in k3 if np.isfinite([sa[k], sb[k]]).any()}
+    pooled = {k: 2 * float(ref_sd[k]) for k in k3 if k not in own and ref_sd is not None and np.isfinite(ref_sd.get(k, np.nan))}
+    noise = own | pooled
+    names = {'fs_jpeg': 'JPEG', 'fs_blur': 'blur'}
+    small = [k for k in names if k in noise and abs(d[k]) <= noise[k]]
+    acc = (f", clean accuracy {a['acc'].mean():.3f} → {b['acc'].mean():.3f}" if 'acc' in a and 'acc' in b else '')
+    head = (f"{model_name(a)} → {model_name(b)} ({what}): peak RPI-SSDC {ta['peak']:.3f} → {tb['peak']:.3f}{acc}, JPEG FS "
+            f"{ta['fs_jpeg']:.3f} → {tb['fs_jpeg']:.3f}, blur FS {ta['fs_blur']:.3f} → {tb['fs_blur']:.3f}: ")
+    sd_name = lambda ks: ('the pooled seed SD of the multi-seed models' if all(k in pooled for k in ks) else 'the seed SD')
+    if 'peak' in noise and abs(d['peak']) <= noise['peak']:
+        body = (f"the anchoring does not move beyond twice {sd_name(['peak'])} ({noise['peak']:.3f}), so there is no "
+                "direction to read")
+    else:
+        agree = [names[k] for k in names if np.sign(d[k]) == -np.sign(d['peak']) and k not in small]
+        body = (f"anchoring and fragility move in opposite directions for {' and '.join(agree)}, as the claim says"
+                if agree else "anchoring and fragility do not move in opposite directions")
+        if small:
+            body += (f"; the {' and '.join(names[k] for k in small)} change{'s are' if len(small) > 1 else ' is'} within "
+                     f"twice {sd_name(small)} ({', '.join(f'{noise[k]:.3f}' for k in small)}), not read as a direction")
+    return head + body + extra + " (means over the seeds each has; a reading of the values, not a test)."
+
 def _fmt_slope(r: dict, name: str) -> str:
     if r['n'] < 3: return f"{name} FS: fewer than 3 models"
     return (f"{name} FS: slope {r['slope']:+.3f} [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}] per unit of peak RPI-SSDC, "
@@ -306,21 +385,63 @@ def dose_reading(points: pd.DataFrame, conditions: Sequence[str] = DOSE_SET, pai
     out = [f"At one architecture with only the fixed table changed ({', '.join(condition_label(c) for c in done)}; "
            f"95% bootstrap intervals over models, each seed a model): " + '; '.join(_fmt_slope(res[t], n) for t, n in targets)
            + f". On JPEG and blur this {verdict}."]
-    g = points[points['kind'] == 'trained'].groupby('condition')[['peak', 'fs_jpeg', 'fs_blur']]
-    t, sd = g.mean(), g.std()                                          # sd: over the seeds of a condition that has several
+    ref = pooled_sd(points)
     for a, b in pairs:
-        if a not in t.index or b not in t.index: continue
-        dp, dj, db = (t.loc[b, k] - t.loc[a, k] for k in ('peak', 'fs_jpeg', 'fs_blur'))
-        noise = {n: 2 * np.nanmax([sd.loc[a, k], sd.loc[b, k]]) for n, k in (('JPEG', 'fs_jpeg'), ('blur', 'fs_blur'))
-                 if np.isfinite([sd.loc[a, k], sd.loc[b, k]]).any()}
-        small = [n for n, dv in (('JPEG', dj), ('blur', db)) if n in noise and abs(dv) <= noise[n]]
-        agree = [n for n, dv in (('JPEG', dj), ('blur', db)) if np.sign(dv) == -np.sign(dp) and n not in small]
-        out.append(f"{condition_label(a)} → {condition_label(b)} (trained so): peak RPI-SSDC {t.loc[a, 'peak']:.3f} → "
-                   f"{t.loc[b, 'peak']:.3f}, JPEG FS {t.loc[a, 'fs_jpeg']:.3f} → {t.loc[b, 'fs_jpeg']:.3f}, blur FS "
-                   f"{t.loc[a, 'fs_blur']:.3f} → {t.loc[b, 'fs_blur']:.3f}: "
-                   + (f"anchoring and fragility move in opposite directions for {' and '.join(agree)}, as the claim says"
-                      if agree else "anchoring and fragility do not move in opposite directions")
-                   + (f"; the {' and '.join(small)} change{'s are' if len(small) > 1 else ' is'} within twice the seed SD "
-                      f"({', '.join(f'{noise[n]:.3f}' for n in small)}), not read as a direction" if small else '')
-                   + " (means over the seeds each has; a reading of the values, not a test).")
+        try: pa, pb = model_rows(points, a), model_rows(points, b)
+        except KeyError: continue
+        out.append(pair_line(pa, pb, ref_sd=ref))
     return '\n'.join(f"- {o}" for o in out)
+
+# %% ../nbs/16_shift_study.ipynb #c3413a3d
+def lever_reading(points: pd.DataFrame,
+                  base,                                   # the model the levers change: a condition or (experiment, condition)
+                  levers: Sequence,                       # models that differ from `base` by one trained-in change
+                  controls: Sequence[tuple] = (),         # (model, changed model) pairs: the same change without a PE
+                 ) -> str:
+    "Which trained-in change raises `base`'s peak RPI-SSDC beyond twice its seed SD, and what each does to fragility."
+    b, ref = model_rows(points, base), pooled_sd(points)
+    sd = b['peak'].std() if len(b) > 1 else np.nan
+    out, up, flat = [], [], []
+    for key in levers:
+        try: p = model_rows(points, key)
+        except KeyError:
+            e, c = key if isinstance(key, tuple) else ('', key)
+            out.append(f"{condition_label(c)}{f' of {e}' if e else ''} is not trained yet."); continue
+        d = p['peak'].mean() - b['peak'].mean()
+        where = p[['peak_layer', 'blocks', 'rpi_out']].iloc[0]
+        edge = (f"; its peak is at layer {int(where['peak_layer'])} of {int(where['blocks'])} block inputs"
+                + (" (still rising at the last one)" if where['peak_layer'] == where['blocks'] - 1 else '')
+                + (f", and the last block's output reads {where['rpi_out']:.3f}" if np.isfinite(where['rpi_out']) else ''))
+        out.append(pair_line(b, p, 'one change trained in', edge, ref))
+        if np.isfinite(sd): (up if d > 2 * sd else flat).append((model_name(p), d))
+    if np.isfinite(sd) and (up or flat):
+        out.append(f"Against twice {model_name(b)}'s seed SD of peak RPI-SSDC ({2 * sd:.3f}, {len(b)} seeds): "
+                   + '; '.join([f"{n} raises it by {d:+.3f} ({d / sd:.1f} seed SDs)" for n, d in up]
+                               + [f"{n} does not ({d:+.3f})" for n, d in flat]) + '.')
+    elif not np.isfinite(sd): out.append(f"{model_name(b)} has one seed: the changes are not read against its noise.")
+    for a, c in controls:
+        try: out.append(pair_line(model_rows(points, a), model_rows(points, c), 'the same change without a PE', ref_sd=ref))
+        except KeyError: continue
+    return '\n'.join(f"- {o}" for o in out)
+
+def fig_curves(models: dict,                    # label -> (results table, condition)
+               title: str = 'under RPI (mean over seeds ± 1 SD where several)', ax=None):
+    "RPI-SSDC per layer of named models on one axis; each model's output tap (where measured) hollow, one step past its last block."
+    import matplotlib.pyplot as plt
+    from pe_anchors.plots import condition_color
+    if ax is None: ax = plt.subplots(figsize=(6.5, 3.8))[1]
+    styles = ['-', '--', '-.', ':']
+    for i, (label, (df, c)) in enumerate(models.items()):
+        d = _rpi_rows(df, c)
+        if d.empty: raise ValueError(f"{label}: the table has no trained RPI-SSDC rows of {c!r}")
+        for out, g in d.groupby('out'):
+            by = g.groupby('layer')['value']; m, sd, n = by.mean(), by.std(), g['seed'].nunique()
+            kw = dict(color=condition_color(c), marker='o', ms=4)
+            if out: ax.plot(m.index, m.values, ls='none', mfc='none', **kw)
+            else:
+                ax.plot(m.index, m.values, ls=styles[i % len(styles)], label=f"{label} ({n} seed{'s' if n > 1 else ''})", **kw)
+                if n > 1: ax.fill_between(m.index, (m - sd).values, (m + sd).values, color=condition_color(c), alpha=.15, lw=0)
+    ax.axhline(0, color='k', lw=.5, alpha=.4); ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.set_xlabel('layer (block input; hollow: the last block\'s output)'); ax.set_ylabel('SSDC under RPI')
+    ax.set_title(title, fontsize=9); ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
+    return ax
