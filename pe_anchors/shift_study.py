@@ -341,7 +341,7 @@ def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra:
     """Model `a` → model `b` (their trained points, one per seed): peak RPI-SSDC, clean accuracy and JPEG/blur FS, read
     for direction. A change within twice the seed SD (the larger of the two models' where one has several seeds, else
     `ref_sd`'s) is not read as a direction; when the anchoring itself does not move beyond it, there is nothing to read."""
-    k3 = ['peak', 'fs_jpeg', 'fs_blur']
+    k3 = ['peak', 'fs_jpeg', 'fs_blur'] + (['acc'] if 'acc' in a and 'acc' in b else [])
     ta, tb, sa, sb = a[k3].mean(), b[k3].mean(), a[k3].std(), b[k3].std()     # std: NaN for one seed
     d = {k: tb[k] - ta[k] for k in k3}
     own = {k: 2 * np.nanmax([sa[k], sb[k]]) for k in k3 if np.isfinite([sa[k], sb[k]]).any()}
@@ -358,11 +358,16 @@ def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra:
                 "direction to read")
     else:
         agree = [names[k] for k in names if np.sign(d[k]) == -np.sign(d['peak']) and k not in small]
+        read = [k for k in names if names[k] in agree and k in noise]
         body = (f"anchoring and fragility move in opposite directions for {' and '.join(agree)}, as the claim says"
+                + (f" (beyond twice {sd_name(read)}: {', '.join(f'{noise[k]:.3f}' for k in read)})" if read else '')
                 if agree else "anchoring and fragility do not move in opposite directions")
         if small:
             body += (f"; the {' and '.join(names[k] for k in small)} change{'s are' if len(small) > 1 else ' is'} within "
                      f"twice {sd_name(small)} ({', '.join(f'{noise[k]:.3f}' for k in small)}), not read as a direction")
+    if 'acc' in noise and abs(d['acc']) > noise['acc'] and 'no direction' not in body:
+        body += (f"; clean accuracy changes too ({d['acc']:+.3f}, beyond twice {sd_name(['acc'])}: {noise['acc']:.3f}), so "
+                 "the fragility change is not the anchoring's alone")
     return head + body + extra + " (means over the seeds each has; a reading of the values, not a test)."
 
 def _fmt_slope(r: dict, name: str) -> str:
