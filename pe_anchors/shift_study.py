@@ -336,7 +336,7 @@ def pooled_sd(points: pd.DataFrame) -> pd.Series:
     return np.sqrt(p.groupby(keys)[cols].var().mean())
 
 def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra: str = '',
-              ref_sd: pd.Series | None = None,   # `pooled_sd`: the noise of a pair whose models have one seed each
+              ref_sd: pd.Series | None = None,   # pooled_sd's: the noise of a pair whose models have one seed each
              ) -> str:
     """Model `a` → model `b` (their trained points, one per seed): peak RPI-SSDC, clean accuracy and JPEG/blur FS, read
     for direction. A change within twice the seed SD (the larger of the two models' where one has several seeds, else
