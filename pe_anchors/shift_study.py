@@ -353,7 +353,8 @@ def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra:
     head = (f"{model_name(a)} → {model_name(b)} ({what}): peak RPI-SSDC {ta['peak']:.3f} → {tb['peak']:.3f}{acc}, JPEG FS "
             f"{ta['fs_jpeg']:.3f} → {tb['fs_jpeg']:.3f}, blur FS {ta['fs_blur']:.3f} → {tb['fs_blur']:.3f}: ")
     sd_name = lambda ks: ('the pooled seed SD of the multi-seed models' if all(k in pooled for k in ks) else 'the seed SD')
-    if 'peak' in noise and abs(d['peak']) <= noise['peak']:
+    still = 'peak' in noise and abs(d['peak']) <= noise['peak']     # the anchoring does not move: nothing to read
+    if still:
         body = (f"the anchoring does not move beyond twice {sd_name(['peak'])} ({noise['peak']:.3f}), so there is no "
                 "direction to read")
     else:
@@ -365,7 +366,7 @@ def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra:
         if small:
             body += (f"; the {' and '.join(names[k] for k in small)} change{'s are' if len(small) > 1 else ' is'} within "
                      f"twice {sd_name(small)} ({', '.join(f'{noise[k]:.3f}' for k in small)}), not read as a direction")
-    if 'acc' in noise and abs(d['acc']) > noise['acc'] and 'no direction' not in body:
+    if not still and 'acc' in noise and abs(d['acc']) > noise['acc']:
         body += (f"; clean accuracy changes too ({d['acc']:+.3f}, beyond twice {sd_name(['acc'])}: {noise['acc']:.3f}), so "
                  "the fragility change is not the anchoring's alone")
     return head + body + extra + " (means over the seeds each has; a reading of the values, not a test)."
