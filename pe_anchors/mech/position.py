@@ -25,7 +25,7 @@ from ..interventions import measure_ssdc, pe_scaled
 __all__ = ['POSITION_TARGETS', 'ROPE_AXES', 'layer_tokens', 'position_labels', 'split_images', 'PositionProbe', 'PositionProbes',
            'fit_position_probes', 'retention', 'position_removed', 'rotary_tables', 'rotary_axes', 'knockout_mask',
            'rope_knockout', 'grid_permutation', 'permutation_sensitivity', 'probe_knockouts', 'withheld_retention',
-           'rebuild_heads', 'probe_study']
+           'rebuild_heads', 'probe_study', 'content_floor']
 
 # %% ../../nbs/11_mech.position.ipynb #90c92eb2
 def layer_tokens(model: nn.Module,
@@ -446,8 +446,12 @@ def probe_study(models: Mapping[tuple[str, int], nn.Module],  # (condition, seed
         for l in (list(range(a.depth)) + [a.output_layer] if layers is None else layers):
             t = fit_position_probes(layer_tokens(m, batches, l), a.grid_size, targets, test_frac, seed, **fit_kwargs).table
             rows += t.assign(condition=c, seed=s, layer=l, tap='output' if l == a.output_layer else 'block input').to_dict('records')
-    df = pd.DataFrame(rows)
+    return content_floor(pd.DataFrame(rows), control)
+
+def content_floor(df: pd.DataFrame,                           # probe rows: condition, seed, layer, target, test_acc
+                  control: str = 'nope',
+                 ) -> pd.DataFrame:
+    "Each row's floor (the control's test accuracy at the same seed, layer and target; NaN where it is missing) and what it holds above it."
     floor = df[df['condition'] == control].set_index(['seed', 'layer', 'target'])['test_acc']
-    df['floor'] = [floor.get((s, l, t), np.nan) for s, l, t in zip(df['seed'], df['layer'], df['target'])]
-    df['above_floor'] = df['test_acc'] - df['floor']
-    return df
+    df = df.assign(floor=[floor.get((s, l, t), np.nan) for s, l, t in zip(df['seed'], df['layer'], df['target'])])
+    return df.assign(above_floor=df['test_acc'] - df['floor'])

@@ -17,8 +17,8 @@ from ..anatomy import anatomy
 from ..interventions import pe_table_ssdc
 from ..experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept
 from ..results import read_table, write_results
-from .position import (fit_position_probes, layer_tokens, probe_knockouts, probe_study, rebuild_heads,
-                                      withheld_retention)
+from .position import (content_floor, fit_position_probes, layer_tokens, probe_knockouts, probe_study,
+                                      rebuild_heads, withheld_retention)
 from .sae import MassUnmatched, fit_sae, latent_position_means, position_selectivity, sae_causal_test, sae_stats
 
 # %% auto #0
@@ -30,21 +30,34 @@ def _write(df: pd.DataFrame, out: Path, name: str):
 
 _STAGES = {'probes': ('probes',), 'rope': ('knockouts', 'withheld', 'heads'), 'sae': ('sae', 'sae_latents', 'sae_causal')}
 
-def _done(out: Path, stage: str, settings: dict, runs: list) -> dict | None:
-    "A stage's tables written by an earlier, interrupted call with the same settings and runs (else None: measure it)."
+def _measured(out: Path, stage: str, settings: dict) -> tuple[dict, list, float]:
+    "A stage's tables, the runs they hold and their wall time, from earlier calls with the same settings (else nothing)."
     f = out / f'.{stage}.json'
-    if not f.exists(): return None
-    rec = json.loads(f.read_text()); rec.pop('wall_s', None)
-    if rec != dict(settings, runs=[list(r) for r in runs]): return None
-    have = {n: out / f'{n}.csv' for n in _STAGES[stage]}
-    return {n: read_table(p) for n, p in have.items() if p.exists()}
+    if not f.exists(): return {}, [], 0.
+    rec = json.loads(f.read_text())
+    runs, wall = [tuple(r) for r in rec.pop('runs')], rec.pop('wall_s', 0.)
+    if rec != settings: return {}, [], 0.                # other settings: measured again, from scratch
+    return {n: read_table(out / f'{n}.csv') for n in _STAGES[stage] if (out / f'{n}.csv').exists()}, runs, wall
 
 def _finish(out: Path, stage: str, settings: dict, runs: list, tables: dict, seconds: float):
-    "Write a stage's tables as soon as it ends (an interrupted study keeps them), then mark the stage done."
+    "Write a stage's tables as soon as it ends (an interrupted study keeps them), then record the runs they hold."
     out.mkdir(parents=True, exist_ok=True)
     for n in _STAGES[stage]:
         if n in tables: _write(tables[n].reset_index(drop=True), out, n)
     write_atomic(out / f'.{stage}.json', json.dumps(dict(settings, runs=[list(r) for r in runs], wall_s=round(seconds, 1))))
+
+def _stage(out: Path, stage: str, settings: dict, runs: list, measure) -> dict:
+    "Measure a stage on the runs its tables lack (`measure(runs)` -> tables), append them and write the stage."
+    have, done, wall = _measured(out, stage, settings)
+    todo = [r for r in runs if r not in done]
+    if not todo: return have
+    t = time.perf_counter()
+    new = measure(todo)
+    tables = {n: pd.concat([f for f in (have.get(n), new.get(n)) if f is not None], ignore_index=True)
+              for n in _STAGES[stage] if n in have or n in new}
+    if stage == 'probes': tables['probes'] = content_floor(tables['probes'])  # a control measured now floors older rows
+    _finish(out, stage, settings, done + todo, tables, wall + time.perf_counter() - t)
+    return tables
 
 def mech_study(path: str | Path,                          # an experiment directory or results folder with kept models
                out: str | Path,                           # where the tables go (e.g. nbs/results/<experiment>/mech)
@@ -62,7 +75,8 @@ def mech_study(path: str | Path,                          # an experiment direct
                show_progress: bool | None = None,
               ) -> dict[str, pd.DataFrame]:
     """Probes with the content floor, RoPE knockouts and rebuild heads, SAE features and causal tests on kept models.
-    Each stage's tables are written when it ends; a call interrupted later skips the stages already written."""
+    The tables accumulate: a call measures only the runs they do not hold yet (a new seed, or a stage an interrupted
+    call did not finish), and returns every run they hold."""
     path, out = Path(path), Path(out)
     exp = experiment_of(path)
     runs = [(c, s) for c, s in kept_runs(path) if c in conditions and (seeds is None or s in seeds)]
@@ -72,44 +86,42 @@ def mech_study(path: str | Path,                          # an experiment direct
                     n_random=n_random, n_perms=n_perms, probe_steps=probe_steps)
     t0 = time.perf_counter()
     ev = EvalData(experiment_data(exp, data_path), exp.ssdc_images, exp.eval_bs, device, sample_seed=exp.sample_seed)
-    kept = {(c, s): load_kept(path, c, s, ev=ev) for c, s in runs}
-    models = {k: r.model for k, r in kept.items()}
+    loaded = {}
+    def model(r):                                         # loaded once, and only when a stage measures it
+        if r not in loaded: loaded[r] = load_kept(path, *r, ev=ev).model
+        return loaded[r]
     batches = ev.ssdc_batches
     labelled = list(zip(batches, ev.labels[ev.ssdc_index].split(exp.eval_bs)))
-    times, tables = {}, {}
-    # probes, with the content floor and the table's own SSDC
-    if (done := _done(out, 'probes', settings, runs)) is not None: tables.update(done)
-    else:
-        t = time.perf_counter()
+
+    def probes(todo):                                     # probes, with the table's own SSDC for additive PEs
+        models = {r: model(r) for r in todo}
         pr = probe_study(models, batches, steps=probe_steps, show_progress=show_progress)
         tab = {k: pe_table_ssdc(m) for k, m in models.items() if 'additive' in anatomy(m).position}
         pr['table_ssdc'] = [tab.get((c, s), np.nan) for c, s in zip(pr['condition'], pr['seed'])]
-        tables['probes'] = pr
-        _finish(out, 'probes', settings, runs, tables, time.perf_counter() - t)
-    # RoPE: knockouts, withheld rotations, rebuild heads
-    if (done := _done(out, 'rope', settings, runs)) is not None: tables.update(done)
-    else:
-        t, ko, wr, hd = time.perf_counter(), [], [], []
-        for (c, s), m in models.items():
+        return dict(probes=pr)
+
+    def rope(todo):                                       # RoPE: knockouts, withheld rotations, rebuild heads
+        ko, wr, hd = [], [], []
+        for c, s in todo:
+            m = model((c, s))
             if not anatomy(m).rotary: continue
             ko.append(probe_knockouts(m, batches, layer=-1, steps=probe_steps, show_progress=False).assign(condition=c, seed=s))
             wr.append(withheld_retention(m, batches, n_perms=n_perms, show_progress=False, condition=c, seed=s))
             h = rebuild_heads(m, batches, withheld=1, n_perms=n_perms, show_progress=False).assign(condition=c, seed=s)
             gap, gap_se = h.attrs.get('top_gap', (np.nan, np.nan))
             hd.append(h.assign(rank=np.arange(1, len(h) + 1), top_gap=gap, top_gap_se=gap_se))
-        for name, fr in (('knockouts', ko), ('withheld', wr), ('heads', hd)):
-            if fr: tables[name] = pd.concat(fr, ignore_index=True)
-        _finish(out, 'rope', settings, runs, tables, time.perf_counter() - t)
-    # SAEs: fitted on training images, scored and ablated on the SSDC sample
-    if (done := _done(out, 'sae', settings, runs)) is not None: tables.update(done)
-    else:
-        t, st, ct, sl = time.perf_counter(), [], [], []
+        return {n: pd.concat(fr, ignore_index=True) for n, fr in (('knockouts', ko), ('withheld', wr), ('heads', hd)) if fr}
+
+    def saes(todo):                                       # SAEs: fitted on training images, scored and ablated on the sample
+        todo = [(c, s) for c, s in todo if c in sae_conditions]
+        if not todo: return {}
+        st, ct, sl = [], [], []
         g = torch.Generator().manual_seed(0)
         train_idx = torch.randperm(len(ev.data.train.images), generator=g)[:sae_images].sort().values
         fit_imgs = [ev.data.normalize(ev.data.train.images[train_idx[i:i + exp.eval_bs]].to(ev.device))
                     for i in range(0, len(train_idx), exp.eval_bs)]
-        for (c, s), m in models.items():
-            if c not in sae_conditions: continue
+        for c, s in todo:
+            m = model((c, s))
             sae, _ = fit_sae(layer_tokens(m, fit_imgs, sae_block, 'resid'), expansion=sae_expansion, k=sae_k,
                              steps=sae_steps, bs=2048, lr=1e-3, dead_after=50_000, seed=s, show_progress=False)
             toks = layer_tokens(m, batches, sae_block, 'resid')
@@ -129,13 +141,18 @@ def mech_study(path: str | Path,                          # an experiment direct
                            others_removed=unmatched.ceiling if unmatched else np.nan,  # every other active latent at once
                            **sae_stats(sae, toks)))
             sl.append(sel.assign(condition=c, seed=s))
-        if st: tables['sae'], tables['sae_latents'], tables['sae_causal'] = pd.DataFrame(st), pd.concat(sl), pd.concat(ct)
-        _finish(out, 'sae', settings, runs, tables, time.perf_counter() - t)
-    times = {k: json.loads((out / f'.{k}.json').read_text())['wall_s'] for k in _STAGES}
+        return dict(sae=pd.DataFrame(st), sae_latents=pd.concat(sl), sae_causal=pd.concat(ct))
+
+    tables = {}
+    for stage, measure in (('probes', probes), ('rope', rope), ('sae', saes)):
+        tables.update(_stage(out, stage, settings, runs, measure))
+    recs = {k: json.loads((out / f'.{k}.json').read_text()) for k in _STAGES}
+    held = [tuple(r) for r in recs['probes']['runs']]
     write_atomic(out / 'meta.json', json.dumps(dict(
-        experiment=exp.name, runs=[f"{c}-s{s}" for c, s in runs], n_images=ev.n_ssdc, probe_steps=probe_steps,
+        experiment=exp.name, runs=[f"{c}-s{s}" for c, s in sorted(held)], n_images=ev.n_ssdc, probe_steps=probe_steps,
         probe_test_frac=.25, n_perms=n_perms, sae=dict(conditions=list(sae_conditions), block=sae_block, images=sae_images,
         k=sae_k, expansion=sae_expansion, steps=sae_steps, n_selected=n_selected, n_random=n_random, tol=.2),
-        wall_s=times, total_s=round(time.perf_counter() - t0, 1),
+        wall_s={k: r['wall_s'] for k, r in recs.items()}, total_s=round(sum(r['wall_s'] for r in recs.values()), 1),
+        this_call_s=round(time.perf_counter() - t0, 1),
         hardware=hardware_info(ev.device), code=code_version()), indent=2))
     return tables
