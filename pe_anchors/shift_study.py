@@ -25,9 +25,9 @@ from .results import read_table, write_results
 from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept
 
 # %% auto #0
-__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'DOSE_PAIRS', 'corruption_study', 'corruption_summary',
-           'resolution_study', 'association', 'dose_points', 'dose_response', 'fig_dose', 'model_rows', 'model_name',
-           'pooled_sd', 'pair_line', 'dose_reading', 'lever_reading', 'fig_curves']
+__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'DOSE_PAIRS', 'DOSE_LEVERS', 'corruption_study',
+           'corruption_summary', 'resolution_study', 'association', 'dose_points', 'dose_response', 'fig_dose',
+           'model_rows', 'model_name', 'pooled_sd', 'pair_line', 'dose_reading', 'lever_reading', 'fig_curves']
 
 # %% ../nbs/16_shift_study.ipynb #18966ee1
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
@@ -335,38 +335,52 @@ def pooled_sd(points: pd.DataFrame) -> pd.Series:
     cols = [k for k in ('peak', 'acc', 'fs_jpeg', 'fs_blur') if k in p]
     return np.sqrt(p.groupby(keys)[cols].var().mean())
 
-def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra: str = '',
-              ref_sd: pd.Series | None = None,   # pooled_sd's: the noise of a pair whose models have one seed each
-             ) -> str:
-    """Model `a` → model `b` (their trained points, one per seed): peak RPI-SSDC, clean accuracy and JPEG/blur FS, read
-    for direction. A change within twice the seed SD (the larger of the two models' where one has several seeds, else
-    `ref_sd`'s) is not read as a direction; when the anchoring itself does not move beyond it, there is nothing to read."""
+def _pair_dirs(a: pd.DataFrame, b: pd.DataFrame, ref_sd: pd.Series | None) -> dict:
+    "The changes a → b, their noise (twice a seed SD) and which fragilities move against / with the anchoring beyond it."
     k3 = ['peak', 'fs_jpeg', 'fs_blur'] + (['acc'] if 'acc' in a and 'acc' in b else [])
     ta, tb, sa, sb = a[k3].mean(), b[k3].mean(), a[k3].std(), b[k3].std()     # std: NaN for one seed
     d = {k: tb[k] - ta[k] for k in k3}
     own = {k: 2 * np.nanmax([sa[k], sb[k]]) for k in k3 if np.isfinite([sa[k], sb[k]]).any()}
     pooled = {k: 2 * float(ref_sd[k]) for k in k3 if k not in own and ref_sd is not None and np.isfinite(ref_sd.get(k, np.nan))}
     noise = own | pooled
-    names = {'fs_jpeg': 'JPEG', 'fs_blur': 'blur'}
-    small = [k for k in names if k in noise and abs(d[k]) <= noise[k]]
+    small = [k for k in _FS_NAMES if k in noise and abs(d[k]) <= noise[k]]
+    still = 'peak' in noise and abs(d['peak']) <= noise['peak']     # the anchoring does not move: nothing to read
+    moved = [k for k in _FS_NAMES if k not in small and not still]
+    return dict(ta=ta, tb=tb, d=d, noise=noise, pooled=pooled, small=small, still=still,
+                agree=[k for k in moved if np.sign(d[k]) == -np.sign(d['peak'])],      # as the claim says
+                against=[k for k in moved if np.sign(d[k]) == np.sign(d['peak'])])     # the other way
+
+_FS_NAMES = {'fs_jpeg': 'JPEG', 'fs_blur': 'blur'}
+
+def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra: str = '',
+              ref_sd: pd.Series | None = None,   # pooled_sd's: the noise of a pair whose models have one seed each
+             ) -> str:
+    """Model `a` → model `b` (their trained points, one per seed): peak RPI-SSDC, clean accuracy and JPEG/blur FS, read
+    for direction. A change within twice the seed SD (the larger of the two models' where one has several seeds, else
+    `ref_sd`'s) is not read as a direction; when the anchoring itself does not move beyond it, there is nothing to read."""
+    r = _pair_dirs(a, b, ref_sd)
+    ta, tb, d, noise, pooled, small = r['ta'], r['tb'], r['d'], r['noise'], r['pooled'], r['small']
+    names = _FS_NAMES
     acc = (f", clean accuracy {a['acc'].mean():.3f} → {b['acc'].mean():.3f}" if 'acc' in a and 'acc' in b else '')
     head = (f"{model_name(a)} → {model_name(b)} ({what}): peak RPI-SSDC {ta['peak']:.3f} → {tb['peak']:.3f}{acc}, JPEG FS "
             f"{ta['fs_jpeg']:.3f} → {tb['fs_jpeg']:.3f}, blur FS {ta['fs_blur']:.3f} → {tb['fs_blur']:.3f}: ")
     sd_name = lambda ks: ('the pooled seed SD of the multi-seed models' if all(k in pooled for k in ks) else 'the seed SD')
-    still = 'peak' in noise and abs(d['peak']) <= noise['peak']     # the anchoring does not move: nothing to read
-    if still:
+    beyond = lambda ks: (f" (beyond twice {sd_name(ks)}: {', '.join(f'{noise[k]:.3f}' for k in ks)})"
+                         if all(k in noise for k in ks) else '')
+    if r['still']:
         body = (f"the anchoring does not move beyond twice {sd_name(['peak'])} ({noise['peak']:.3f}), so there is no "
                 "direction to read")
     else:
-        agree = [names[k] for k in names if np.sign(d[k]) == -np.sign(d['peak']) and k not in small]
-        read = [k for k in names if names[k] in agree and k in noise]
-        body = (f"anchoring and fragility move in opposite directions for {' and '.join(agree)}, as the claim says"
-                + (f" (beyond twice {sd_name(read)}: {', '.join(f'{noise[k]:.3f}' for k in read)})" if read else '')
-                if agree else "anchoring and fragility do not move in opposite directions")
+        parts = ([f"anchoring and fragility move in opposite directions for {' and '.join(names[k] for k in r['agree'])}, "
+                  f"as the claim says{beyond(r['agree'])}"] if r['agree'] else [])
+        parts += ([f"{'they' if parts else 'anchoring and fragility'} move in the same direction for "
+                   f"{' and '.join(names[k] for k in r['against'])}, against the claim{beyond(r['against'])}"]
+                  if r['against'] else [])
+        body = '; '.join(parts) or "anchoring and fragility do not move in opposite directions"
         if small:
             body += (f"; the {' and '.join(names[k] for k in small)} change{'s are' if len(small) > 1 else ' is'} within "
                      f"twice {sd_name(small)} ({', '.join(f'{noise[k]:.3f}' for k in small)}), not read as a direction")
-    if not still and 'acc' in noise and abs(d['acc']) > noise['acc']:
+    if not r['still'] and 'acc' in noise and abs(d['acc']) > noise['acc']:
         body += (f"; clean accuracy changes too ({d['acc']:+.3f}, beyond twice {sd_name(['acc'])}: {noise['acc']:.3f}), so "
                  "the fragility change is not the anchoring's alone")
     return head + body + extra + " (means over the seeds each has; a reading of the values, not a test)."
@@ -376,8 +390,15 @@ def _fmt_slope(r: dict, name: str) -> str:
     return (f"{name} FS: slope {r['slope']:+.3f} [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}] per unit of peak RPI-SSDC, "
             f"Spearman ρ {r['rho']:+.2f} [{r['rho_low']:+.2f}, {r['rho_high']:+.2f}] over {r['n']} models")
 
-def dose_reading(points: pd.DataFrame, conditions: Sequence[str] = DOSE_SET, pairs=DOSE_PAIRS) -> str:
-    "The dose-response over the fixed-table models with a verdict from its intervals, and each trained twin pair read for direction."
+DOSE_LEVERS = ((('spe_x025', 'spe'), 'the same table, 4× as loud'),
+               (('spe', 'smooth_table'), 'the same row norm, half the table SSDC'),
+               (('spe', 'random_table'), 'the same row norm, no geometry'))   # loudness, then geometry at matched loudness
+
+def dose_reading(points: pd.DataFrame, conditions: Sequence[str] = DOSE_SET, pairs=DOSE_PAIRS,
+                 levers=DOSE_LEVERS,             # ((model, changed model), what changed): the fixed tables' two levers
+                ) -> str:
+    """The dose-response over the fixed-table models with a verdict from its intervals; the tables' two levers (loudness,
+    and geometry at matched loudness) read for direction; then each trained twin pair."""
     targets = [('fs_jpeg', 'JPEG'), ('fs_blur', 'blur')] + ([('fs_c10c', 'CIFAR-10-C mean')] if 'fs_c10c' in points else [])
     res = {t: dose_response(points, 'peak', t, conditions) for t, _ in targets}
     done = condition_order(set(points[points['kind'] == 'trained']['condition']) & set(conditions))
@@ -392,6 +413,32 @@ def dose_reading(points: pd.DataFrame, conditions: Sequence[str] = DOSE_SET, pai
            f"95% bootstrap intervals over models, each seed a model): " + '; '.join(_fmt_slope(res[t], n) for t, n in targets)
            + f". On JPEG and blur this {verdict}."]
     ref = pooled_sd(points)
+    dirs = {}
+    for (a, b), what in levers:
+        try: pa, pb = model_rows(points, a), model_rows(points, b)
+        except KeyError: continue
+        out.append(pair_line(pa, pb, what, ref_sd=ref)); dirs[(a, b)] = _pair_dirs(pa, pb, ref)
+    def acc_note(rs):                             # accuracy moving with fragility in every pair is the other candidate
+        moved = [r for r in rs if 'acc' in r['noise'] and abs(r['d']['acc']) > r['noise']['acc']]
+        same = [r for r in moved if all(np.sign(r['d']['acc']) == np.sign(r['d'][k]) for k in _FS_NAMES)]
+        if len(same) < len(rs): return ''
+        return (f" But clean accuracy moves beyond its noise in all {len(rs)} pairs, in the direction of both fragilities "
+                "(the less accurate table is the less fragile), so accuracy explains these pairs as well as loudness does.")
+    loud, geo = [r for k, r in dirs.items() if k == levers[0][0]], [r for k, r in dirs.items() if k != levers[0][0]]
+    if loud and geo:
+        fs_ = lambda ks: ' and '.join(_FS_NAMES[k] for k in ks)
+        la, ga = loud[0]['agree'], [k for k in _FS_NAMES if all(k in r['against'] for r in geo)]
+        if la and ga:
+            out.append(f"The two levers pull apart: a louder table moves {fs_(la)} fragility as the claim says, while "
+                       f"less geometry at the same row norm lowers the anchoring *and* the {fs_(ga)} fragility, against "
+                       "it. Among the fixed tables, fragility follows the table's loudness, not the index anchoring it "
+                       "yields (one or a few seeds per table: a reading of the values, not a test)."
+                       + acc_note(list(dirs.values())))
+        else:
+            out.append("The two levers do not pull apart beyond the seed noise: loudness moves "
+                       + (f"{fs_(la)} fragility as the claim says" if la else "no fragility as the claim says")
+                       + ", geometry at the same row norm moves "
+                       + (f"{fs_(ga)} fragility against it" if ga else "none against it (in every pair)") + ".")
     for a, b in pairs:
         try: pa, pb = model_rows(points, a), model_rows(points, b)
         except KeyError: continue
