@@ -474,7 +474,10 @@ def lever_reading(points: pd.DataFrame,
     elif not np.isfinite(sd): out.append(f"{model_name(b)} has one seed: the changes are not read against its noise.")
     for a, c in controls:
         try: out.append(pair_line(model_rows(points, a), model_rows(points, c), 'the same change without a PE', ref_sd=ref))
-        except KeyError: continue
+        except KeyError:
+            e, k = c if isinstance(c, tuple) else ('', c)
+            out.append(f"The control ({condition_label(k)}{f' of {e}' if e else ''}: the same change without a PE) is not "
+                       "trained yet, so what the change does without a PE is not read.")
     return '\n'.join(f"- {o}" for o in out)
 
 def fig_curves(models: dict,                    # label -> (results table, condition)
