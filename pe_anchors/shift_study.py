@@ -25,9 +25,10 @@ from .results import read_table, write_results
 from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept
 
 # %% auto #0
-__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'DOSE_PAIRS', 'DOSE_LEVERS', 'corruption_study',
-           'corruption_summary', 'resolution_study', 'association', 'dose_points', 'dose_response', 'fig_dose',
-           'model_rows', 'model_name', 'pooled_sd', 'pair_line', 'dose_reading', 'lever_reading', 'fig_curves']
+__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'DOSE_PAIRS', 'DOSE_LEVERS', 'ASSOC_ANCHORS',
+           'corruption_study', 'corruption_summary', 'resolution_study', 'association', 'dose_points', 'dose_response',
+           'fig_dose', 'model_rows', 'model_name', 'pooled_sd', 'pair_line', 'dose_reading', 'lever_reading',
+           'fig_curves', 'association_points']
 
 # %% ../nbs/16_shift_study.ipynb #18966ee1
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
@@ -181,14 +182,16 @@ def _partial_spearman(x, y, z) -> float:
 def association(anchor: pd.Series,               # per condition: an anchoring measure (means over seeds)
                 fragility: pd.DataFrame,         # per condition (index) × shift (columns): FS (means over seeds)
                 clean: pd.Series | None = None,  # per condition: clean accuracy, partialled out when given
-                exclude: Sequence[str] = ANCHOR_FREE,
+                exclude: Sequence[str] = ANCHOR_FREE,    # conditions left out of the second subset
+                condition_of: pd.Series | None = None,   # per index entry: its condition, where the index names models
                 n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     "Per shift: Spearman ρ of anchoring against FS over conditions with a bootstrap interval, without `exclude`, and partial on clean accuracy."
     rng = np.random.default_rng(seed)
+    cond = (lambda k: condition_of[k]) if condition_of is not None else (lambda k: k)
     rows = []
     for shift in fragility.columns:
         for subset, keep in (('all', list(anchor.index)), ('without ' + '/'.join(condition_label(c) for c in exclude),
-                                                             [c for c in anchor.index if c not in exclude])):
+                                                             [k for k in anchor.index if cond(k) not in exclude])):
             conds = [c for c in keep if c in fragility.index and np.isfinite(fragility.loc[c, shift])]
             a, f = anchor[conds].to_numpy(float), fragility.loc[conds, shift].to_numpy(float)
             rho = stats.spearmanr(a, f).statistic if len(conds) > 2 else math.nan
@@ -501,3 +504,38 @@ def fig_curves(models: dict,                    # label -> (results table, condi
     ax.set_xlabel('layer (block input; hollow: the last block\'s output)'); ax.set_ylabel('SSDC under RPI')
     ax.set_title(title, fontsize=9); ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
     return ax
+
+# %% ../nbs/16_shift_study.ipynb #48d9bc3a
+ASSOC_ANCHORS = {'peak RPI-SSDC': 'peak', 'RPI-SSDC at layer 0': 'layer0', 'ΔSSDC': 'delta'}   # association_points columns
+
+def association_points(results: dict,                      # experiment name -> results table (trained models)
+                       corruptions: pd.DataFrame,          # corruption_study tables (their experiment column says whose)
+                       resolution: pd.DataFrame | None = None, # resolution_study tables: each larger size is a shift
+                       train_size: int = 32,               # the image side the models were trained at
+                      ) -> pd.DataFrame:
+    "One row per model with a CIFAR-10-C table, named uniquely: its anchoring, clean accuracy and FS under every shift."
+    pts = dose_points(results)
+    pts = pts[pts['kind'] == 'trained']
+    rows = []
+    for (e, c), cc in corruptions.groupby(['experiment', 'condition'], sort=False):
+        p = pts[(pts['experiment'] == e) & (pts['condition'] == c)]
+        if p.empty: raise KeyError(f"{e}/{c} has CIFAR-10-C rows but no trained rows in the results given")
+        row = dict(experiment=e, condition=c, label=model_name(p), seeds=int(cc['seed'].nunique()),
+                   **p[list(ASSOC_ANCHORS.values()) + ['acc']].mean(), JPEG=p['fs_jpeg'].mean(), blur=p['fs_blur'].mean())
+        row |= corruption_summary(cc).drop(columns='seeds').add_prefix('C10-C ').iloc[0].to_dict()
+        sev = cc.groupby(['seed', 'severity'])['fs'].mean().groupby('severity').mean()
+        row |= {f'C10-C severity {int(v)}': x for v, x in sev.items()}
+        if resolution is not None:
+            r = resolution[(resolution['experiment'] == e) & (resolution['condition'] == c) & (resolution['metric'] == 'acc')
+                           & (resolution['rule'] == 'index')]
+            ra = r.groupby('size')['value'].mean()
+            if len(ra) and train_size not in ra.index:
+                raise ValueError(f"{e}/{c}: the resolution study has no row at the training size {train_size} px")
+            row |= {f'{int(z)} px': 1 - ra[z] / ra[train_size] for z in ra.index if z > train_size}
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    twice = out['label'].duplicated(keep=False)                            # the same name in two experiments
+    out.loc[twice, 'label'] = out.loc[twice, 'label'] + ' (' + out.loc[twice, 'experiment'] + ')'
+    first = ['experiment', 'condition', 'label', 'seeds', *ASSOC_ANCHORS.values(), 'acc']
+    return out[first + [k for k in out.columns if k not in first]].set_index('label')
+
