@@ -370,9 +370,12 @@ def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra:
     sd_name = lambda ks: ('the pooled seed SD of the multi-seed models' if all(k in pooled for k in ks) else 'the seed SD')
     beyond = lambda ks: (f" (beyond twice {sd_name(ks)}: {', '.join(f'{noise[k]:.3f}' for k in ks)})"
                          if all(k in noise for k in ks) else '')
+    free = [k for k in _FS_NAMES if r['still'] and k in noise and abs(d[k]) > noise[k]]   # fragility moving on its own
     if r['still']:
         body = (f"the anchoring does not move beyond twice {sd_name(['peak'])} ({noise['peak']:.3f}), so there is no "
                 "direction to read")
+        if free: body += (f"; yet {' and '.join(names[k] for k in free)} FS change{'' if len(free) > 1 else 's'} "
+                          f"({', '.join(f'{d[k]:+.3f}' for k in free)}){beyond(free)}: here fragility moves without the anchoring")
     else:
         parts = ([f"anchoring and fragility move in opposite directions for {' and '.join(names[k] for k in r['agree'])}, "
                   f"as the claim says{beyond(r['agree'])}"] if r['agree'] else [])
@@ -383,9 +386,9 @@ def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra:
         if small:
             body += (f"; the {' and '.join(names[k] for k in small)} change{'s are' if len(small) > 1 else ' is'} within "
                      f"twice {sd_name(small)} ({', '.join(f'{noise[k]:.3f}' for k in small)}), not read as a direction")
-    if not r['still'] and 'acc' in noise and abs(d['acc']) > noise['acc']:
+    if (not r['still'] or free) and 'acc' in noise and abs(d['acc']) > noise['acc']:
         body += (f"; clean accuracy changes too ({d['acc']:+.3f}, beyond twice {sd_name(['acc'])}: {noise['acc']:.3f}), so "
-                 "the fragility change is not the anchoring's alone")
+                 + ("the fragility change is not the anchoring's alone" if not r['still'] else "it may carry the fragility change"))
     return head + body + extra + " (means over the seeds each has; a reading of the values, not a test)."
 
 def _fmt_slope(r: dict, name: str) -> str:
