@@ -386,7 +386,7 @@ def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra:
         if small:
             body += (f"; the {' and '.join(names[k] for k in small)} change{'s are' if len(small) > 1 else ' is'} within "
                      f"twice {sd_name(small)} ({', '.join(f'{noise[k]:.3f}' for k in small)}), not read as a direction")
-    if (not r['still'] or free) and 'acc' in noise and abs(d['acc']) > noise['acc']:
+    if (r['agree'] or r['against'] or free) and 'acc' in noise and abs(d['acc']) > noise['acc']:   # only beside a fragility that moves
         body += (f"; clean accuracy changes too ({d['acc']:+.3f}, beyond twice {sd_name(['acc'])}: {noise['acc']:.3f}), so "
                  + ("the fragility change is not the anchoring's alone" if not r['still'] else "it may carry the fragility change"))
     return head + body + extra + " (means over the seeds each has; a reading of the values, not a test)."
