@@ -1,6 +1,7 @@
 """Shared pytest configuration for pe_anchors.
 
-Markers: `slow` (long CPU tests, run by default; deselect with -m "not slow") and `cuda` (needs a GPU: skipped,
+Run in parallel with pytest-xdist (`pytest -n 2 tests`, as CI does): each worker then takes its share of the
+cores as torch threads. Markers: `slow` (long CPU tests, run by default; deselect with -m "not slow") and `cuda` (needs a GPU: skipped,
 visibly, when none is present). Real-data tests read CIFAR-10 from the paths in the environment variables
 PE_ANCHORS_CIFAR_DIR (ImageNet-style folder with train/ and val/) and PE_ANCHORS_CIFAR_NPZ (the packed npz), or from
 the options --cifar-dir / --cifar-npz (which win); without either, those tests are skipped and say which to set.
@@ -17,6 +18,8 @@ def pytest_addoption(parser):
     parser.addoption('--cifar-npz', default=None, help='CIFAR-10 packed as an npz (else $PE_ANCHORS_CIFAR_NPZ)')
 
 def pytest_configure(config):
+    workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))      # under pytest-xdist (-n N): share the cores
+    if workers > 1: torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     config.addinivalue_line('markers', 'slow: long-running test (CPU); deselect with -m "not slow"')
     config.addinivalue_line('markers', 'cuda: needs a CUDA GPU; skipped when none is available')
 
