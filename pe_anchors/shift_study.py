@@ -28,7 +28,7 @@ from .experiment import EvalData, experiment_data, experiment_of, kept_runs, loa
 __all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'DOSE_PAIRS', 'DOSE_LEVERS', 'ASSOC_ANCHORS',
            'corruption_study', 'corruption_summary', 'resolution_study', 'association', 'dose_points', 'dose_response',
            'fig_dose', 'model_rows', 'model_name', 'pooled_sd', 'pair_line', 'dose_reading', 'lever_reading',
-           'fig_curves', 'association_points']
+           'fig_curves', 'model_labels', 'association_points']
 
 # %% ../nbs/16_shift_study.ipynb #18966ee1
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
@@ -511,6 +511,13 @@ def fig_curves(models: dict,                    # label -> (results table, condi
 # %% ../nbs/16_shift_study.ipynb #48d9bc3a
 ASSOC_ANCHORS = {'peak RPI-SSDC': 'peak', 'RPI-SSDC at layer 0': 'layer0', 'ΔSSDC': 'delta'}   # association_points columns
 
+def model_labels(points: pd.DataFrame) -> pd.Series:
+    "A unique name per trained model of `dose_points`, by (experiment, condition): its condition, its blocks when not 4, its experiment when still shared."
+    t = points[points['kind'] == 'trained']
+    lab = pd.Series({k: model_name(g) for k, g in t.groupby(['experiment', 'condition'], sort=False)}, dtype=object)
+    twice = lab.duplicated(keep=False)
+    return lab.where(~twice, lab + ' (' + lab.index.get_level_values(0) + ')')
+
 def association_points(results: dict,                      # experiment name -> results table (trained models)
                        corruptions: pd.DataFrame,          # corruption_study tables (their experiment column says whose)
                        resolution: pd.DataFrame | None = None, # resolution_study tables: each larger size is a shift
@@ -519,11 +526,12 @@ def association_points(results: dict,                      # experiment name -> 
     "One row per model with a CIFAR-10-C table, named uniquely: its anchoring, clean accuracy and FS under every shift."
     pts = dose_points(results)
     pts = pts[pts['kind'] == 'trained']
+    names = model_labels(pts[pts['experiment'].isin(corruptions['experiment'].unique())])
     rows = []
     for (e, c), cc in corruptions.groupby(['experiment', 'condition'], sort=False):
         p = pts[(pts['experiment'] == e) & (pts['condition'] == c)]
         if p.empty: raise KeyError(f"{e}/{c} has CIFAR-10-C rows but no trained rows in the results given")
-        row = dict(experiment=e, condition=c, label=model_name(p), seeds=int(cc['seed'].nunique()),
+        row = dict(experiment=e, condition=c, label=names[(e, c)], seeds=int(cc['seed'].nunique()),
                    **p[list(ASSOC_ANCHORS.values()) + ['acc']].mean(), JPEG=p['fs_jpeg'].mean(), blur=p['fs_blur'].mean())
         row |= corruption_summary(cc).drop(columns='seeds').add_prefix('C10-C ').iloc[0].to_dict()
         sev = cc.groupby(['seed', 'severity'])['fs'].mean().groupby('severity').mean()
@@ -537,8 +545,6 @@ def association_points(results: dict,                      # experiment name -> 
             row |= {f'{int(z)} px': 1 - ra[z] / ra[train_size] for z in ra.index if z > train_size}
         rows.append(row)
     out = pd.DataFrame(rows)
-    twice = out['label'].duplicated(keep=False)                            # the same name in two experiments
-    out.loc[twice, 'label'] = out.loc[twice, 'label'] + ' (' + out.loc[twice, 'experiment'] + ')'
     first = ['experiment', 'condition', 'label', 'seeds', *ASSOC_ANCHORS.values(), 'acc']
     return out[first + [k for k in out.columns if k not in first]].set_index('label')
 
