@@ -4,7 +4,7 @@
 
 # %% ../nbs/16_shift_study.ipynb #c80e05bd
 from __future__ import annotations
-import copy, json, math, time
+import copy, json, math, os, time
 from pathlib import Path
 from typing import Sequence
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from .core import (check_choice, code_version, condition_label, condition_order, hardware_info, pbar,
-                             run_perm_seed, write_atomic)
+                             run_perm_seed, show_progress as interactive, write_atomic)
 from .anatomy import anatomy
 from .data import stratified_sample
 from .robustness import ShiftedSets, TensorBatches, evaluate_accuracy, evaluate_shifts
@@ -49,13 +49,18 @@ def _merged(old: pd.DataFrame | None, new: pd.DataFrame, c: str, s: int) -> pd.D
     return pd.concat([keep, new], ignore_index=True)
 
 def _per_model(runs, old, done, measure, out, show_progress, comment) -> pd.DataFrame:
-    "Measure each (condition, seed) of `runs` that `done(rows)` says `old` lacks, writing the whole table to `out` after each."
+    """Measure each (condition, seed) of `runs` that `done(rows)` says `old` lacks, writing the whole table to `out` after each.
+    Where no bar can be drawn (a log file, `nohup`) and `show_progress` is None, one line per model measured instead."""
     table = old
-    for c, s in pbar(runs, show=show_progress, comment=comment):
+    lines = show_progress is None and not interactive() and os.environ.get('PE_ANCHORS_QUIET', '0') != '1'
+    for i, (c, s) in enumerate(pbar(runs, show=show_progress, comment=comment)):
         have = None if old is None else old[(old['condition'].astype(str) == c) & (old['seed'].astype(int) == s)]
         if have is not None and len(have) and done(have): continue
+        t = time.perf_counter()
         table = _merged(table, measure(c, s), c, s)
         if out is not None: write_results(table, out)
+        if lines: print(f"{comment}: {condition_label(c)}, seed {s} measured in {time.perf_counter() - t:.0f} s "
+                        f"({i + 1} of {len(runs)})", flush=True)
     if table is None: raise ValueError("nothing was measured")
     sel = pd.Series(False, index=table.index)
     for c, s in runs: sel |= (table['condition'].astype(str) == c) & (table['seed'].astype(int) == s)
@@ -100,7 +105,7 @@ def corruption_study(path: str | Path,                 # an experiment directory
         raise ValueError(f"{out} was measured on {', '.join(map(str, sorted(set(old['n'].astype(int)))))} images a set, this call "
                          f"asks {n}: give the same number of images, or a new table")
     done = lambda have: want <= set(zip(have['corruption'], have['severity'].astype(int)))
-    return _per_model(runs, old, done, measure, out, show_progress, 'models')
+    return _per_model(runs, old, done, measure, out, show_progress, 'corruption study')
 
 def corruption_summary(df: pd.DataFrame, by: str = 'category') -> pd.DataFrame:
     "Mean FS per condition (over seeds' means) and corruption or category, and overall: the CIFAR-10-C table."
@@ -169,7 +174,7 @@ def resolution_study(path: str | Path,
         acc = idx[idx['metric'] == 'acc']
         asked, refused = {int(z) for z in sizes}, set(acc.loc[acc['value'].isna(), 'size'].astype(int))
         return asked <= set(acc['size'].astype(int)) and (not ssdc or asked - refused <= set(idx.loc[idx['metric'] == 'ssdc', 'size'].astype(int)))
-    return _per_model(runs, _stored(out, exp.name, 'resolution study'), done, measure, out, show_progress, 'models')
+    return _per_model(runs, _stored(out, exp.name, 'resolution study'), done, measure, out, show_progress, 'resolution study')
 
 # %% ../nbs/16_shift_study.ipynb #df02ea71
 ANCHOR_FREE = ('nope', 'rpt', 'alibi')   # conditions without index anchoring (by construction or by their verdict)
