@@ -89,7 +89,8 @@ def test_main_in_process_returns_codes(tmp_path, capsys):
     assert 'error' in capsys.readouterr().err
 
 
-def test_bad_inputs_exit_2_with_one_line(installed, tmp_path):
+def test_bad_inputs_exit_2_with_one_line(installed, tmp_path, capsys):
+    # in process (the console script is `main`; one process per case cost a torch import each): the exit code and stderr
     import torch
     cases = [(('train', '--bs', '0', '--out', str(tmp_path / 'r')), 'must be >= 1'),
              (('train', '--epochs', '0', '--out', str(tmp_path / 'r')), 'must be >= 1'),
@@ -100,11 +101,17 @@ def test_bad_inputs_exit_2_with_one_line(installed, tmp_path):
              (('sweep', 'digits', '--out', str(tmp_path / 's'), '--cbs', 'nonsense'), "unknown callback 'nonsense'")]
     if not torch.cuda.is_available():
         cases.append((('train', '--device', 'cuda', '--out', str(tmp_path / 'r')), 'no CUDA GPU'))
-    for args, msg in cases:
-        r = run(*args, timeout=300)
-        assert r.returncode == 2, (args, r.stdout, r.stderr)
-        lines = [l for l in r.stderr.strip().splitlines() if l.strip() and 'Warning' not in l and 'warnings.warn' not in l]
-        assert len(lines) in (1, 2) and msg in r.stderr and 'Traceback' not in r.stderr, (args, r.stderr)
+    threads = torch.get_num_threads()
+    try:
+        for args, msg in cases:
+            try: code = main(list(args))
+            except SystemExit as e: code = e.code                    # argparse's own errors
+            err = capsys.readouterr().err
+            assert code == 2, (args, err)
+            lines = [l for l in err.strip().splitlines() if l.strip() and 'Warning' not in l and 'warnings.warn' not in l]
+            assert len(lines) in (1, 2) and msg in err and 'Traceback' not in err, (args, err)
+    finally: torch.set_num_threads(threads)                            # a command sets the torch threads it uses
+    assert not (tmp_path / 'r').exists() and not (tmp_path / 's').exists()   # refused before anything was written
     r = run('--version'); assert r.returncode == 0 and r.stdout.startswith('pe_anchors ')
 
 
