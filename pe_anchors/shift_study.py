@@ -17,16 +17,20 @@ from scipy import stats
 from .core import (check_choice, code_version, condition_label, condition_order, hardware_info, pbar,
                              run_perm_seed, show_progress as interactive, write_atomic)
 from .anatomy import anatomy
-from .data import stratified_sample
-from .robustness import ShiftedSets, TensorBatches, evaluate_accuracy, evaluate_shifts
+from .data import ImageData, stratified_sample
+from .robustness import ShiftedSets, TensorBatches, evaluate_accuracy, evaluate_shifts, structure_shifts
 from .corruptions import CORRUPTIONS, Corruption, available_corruptions
 from .interventions import ssdc_trajectories
 from .results import read_table, write_results
-from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept
+from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept, load_trained
+from .rundir import ExperimentDir, is_hub_folder
+from .hub import save_hub
+from .learner import train
 
 # %% auto #0
-__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'ANCHOR_FREE', 'DOSE_SET', 'DOSE_PAIRS', 'DOSE_LEVERS', 'ASSOC_ANCHORS',
-           'corruption_study', 'corruption_summary', 'resolution_study', 'association', 'dose_points', 'dose_response',
+__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'XU_SHUFFLES', 'XU_MASKS', 'XU_KEPT', 'XU_CNN', 'ANCHOR_FREE', 'DOSE_SET',
+           'DOSE_PAIRS', 'DOSE_LEVERS', 'ASSOC_ANCHORS', 'corruption_study', 'corruption_summary', 'resolution_study',
+           'xu_shifts', 'sensitivity_study', 'cifar10_sensitivity', 'association', 'dose_points', 'dose_response',
            'fig_dose', 'model_rows', 'model_name', 'pooled_sd', 'pair_line', 'dose_reading', 'lever_reading',
            'fig_curves', 'model_labels', 'association_points']
 
@@ -175,6 +179,73 @@ def resolution_study(path: str | Path,
         asked, refused = {int(z) for z in sizes}, set(acc.loc[acc['value'].isna(), 'size'].astype(int))
         return asked <= set(acc['size'].astype(int)) and (not ssdc or asked - refused <= set(idx.loc[idx['metric'] == 'ssdc', 'size'].astype(int)))
     return _per_model(runs, _stored(out, exp.name, 'resolution study'), done, measure, out, show_progress, 'resolution study')
+
+# %% ../nbs/16_shift_study.ipynb #24c9feb7
+XU_SHUFFLES, XU_MASKS = (2, 4, 8), (.1, .25, .5, .75, .9)
+XU_KEPT = {'NoPE (linear)': ('cifar10-cpu', 'nope'), 'APE (linear)': ('cifar10-cpu', 'ape'),
+           'SPE (linear)': ('cifar10-cpu', 'spe'), 'RoPE (linear)': ('cifar10-cpu', 'rope'),
+           'RPT (linear)': ('cifar10-cpu', 'rpt'), 'NoPE (conv)': ('cifar10-cpu-dose', 'nope_conv')}
+XU_CNN = 'CNN (resnet10t)'
+
+def xu_shifts(grid: int,                             # the models' token grid (masking works on it)
+              fill: Sequence[float],                 # the mask colour: the data's mean (ImageData.mean)
+              shuffles: Sequence[int] = XU_SHUFFLES, masks: Sequence[float] = XU_MASKS, seed: int = 0) -> list:
+    "Xu (2025)'s structure shifts as the sensitivity page runs them: block shuffles, then patch masks."
+    return [*structure_shifts('shuffle', shuffles, seed=seed), *structure_shifts('mask', masks, grid=grid, fill=fill, seed=seed)]
+
+def sensitivity_study(models: dict,                  # label -> an nn.Module, or a path load_trained reads (run, model/, Hub folder)
+                      data: ImageData,               # evaluated on every validation image
+                      grid: int,                     # the token grid the masks cover
+                      bs: int = 500,
+                      show_progress: bool | None = None,
+                     ) -> pd.DataFrame:
+    "Accuracy and FS of every model under Xu's block shuffles and patch masks (`evaluate_shifts` rows, `condition` = label)."
+    if not models: raise ValueError("no models given")
+    loaded = {k: (load_trained(m)[0] if isinstance(m, (str, Path)) else m).eval() for k, m in models.items()}
+    val = list(data.valid_uint8(bs=bs, device='cpu'))
+    return evaluate_shifts(loaded, val, xu_shifts(grid, data.mean), normalize=data.normalize, show=show_progress)
+
+def cifar10_sensitivity(results: str | Path,         # the results folder holding the kept cifar10-cpu and cifar10-cpu-dose runs
+                        data_path: str | Path | None = None,   # CIFAR-10 on this machine (folders or packed .npz)
+                        runs: str | Path = 'runs',   # where the CNN trains (resumable) the first time
+                        seed: int = 0,
+                        show_progress: bool | None = None,
+                       ) -> pd.DataFrame:
+    """The sensitivity page's CIFAR-10 table from kept models, written to `results/cifar10-cpu-xu/` (`sensitivity.csv`,
+    `meta.json`). The CNN is trained with the `cifar10-cpu` recipe and kept there as `cnn/` (a Hub folder) the first time."""
+    R = Path(results); xu = R / 'cifar10-cpu-xu'
+    exp = experiment_of(R / 'cifar10-cpu')
+    missing = [f"{e}/runs/{c}-s{seed}" for e, c in XU_KEPT.values() if not ExperimentDir(R / e).run(c, seed).has_kept_model()]
+    if missing: raise FileNotFoundError(f"no kept model for {', '.join(missing)} under {R}: train and harvest them first")
+    data = experiment_data(exp, data_path)
+    meta_file = xu / 'meta.json'
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    train_rec = {}
+    for label, (e, c) in XU_KEPT.items():
+        run = ExperimentDir(R / e).run(c, seed)
+        rec = json.loads((run.path / 'run.json').read_text()).get('train', {})
+        train_rec[label] = dict(kept=f"{e}/runs/{run.path.name}", model=exp.model, **rec)
+    cnn_dir = xu / 'cnn'
+    if is_hub_folder(cnn_dir): train_rec[XU_CNN] = meta.get('train', {}).get(XU_CNN, {'kept': 'cifar10-cpu-xu/cnn'})
+    else:
+        out = train('nope', data, exp.recipe, run_dir=Path(runs) / 'cifar10-cpu-xu' / 'cnn' / 'train', seed=seed,
+                    model='resnet10t', show_progress=show_progress, **exp.train_kwargs)
+        rec = {k: v for k, v in out.items() if k != 'learn'}
+        save_hub(out['learn'].model.eval(), cnn_dir, dict(title=f"resnet10t on CIFAR-10 ({exp.recipe} recipe, seed {seed})",
+                                                          data='cifar10', recipe=exp.recipe, seed=seed,
+                                                          accuracy=round(float(rec['accuracy']), 4)))
+        train_rec[XU_CNN] = dict(kept='cifar10-cpu-xu/cnn', model='resnet10t', seed=seed, **rec)
+    models = {**{k: ExperimentDir(R / e).run(c, seed).kept for k, (e, c) in XU_KEPT.items()}, XU_CNN: cnn_dir}
+    t = time.perf_counter()
+    sens = sensitivity_study(models, data, grid=anatomy(load_trained(models['APE (linear)'])[0]).grid[0],
+                             show_progress=show_progress)
+    write_atomic(xu / 'sensitivity.csv', sens.to_csv(index=False))
+    meta.update(data=f"{exp.data}: every validation image ({int(sens['n'].iloc[0])})", seed=seed, train=train_rec,
+                shifts=dict(zip(sens['shift'], sens['description'])), eval_s=round(time.perf_counter() - t, 1),
+                hardware=hardware_info(), code=code_version())
+    meta.pop('ssdc', None)
+    write_atomic(meta_file, json.dumps(meta, indent=2) + '\n')
+    return sens
 
 # %% ../nbs/16_shift_study.ipynb #df02ea71
 ANCHOR_FREE = ('nope', 'rpt', 'alibi')   # conditions without index anchoring (by construction or by their verdict)
