@@ -226,7 +226,8 @@ def cifar10_sensitivity(results: str | Path,         # the results folder holdin
         rec = json.loads((run.path / 'run.json').read_text()).get('train', {})
         train_rec[label] = dict(kept=f"{e}/runs/{run.path.name}", model=exp.model, **rec)
     cnn_dir = xu / 'cnn'
-    if is_hub_folder(cnn_dir): train_rec[XU_CNN] = meta.get('train', {}).get(XU_CNN, {'kept': 'cifar10-cpu-xu/cnn'})
+    if is_hub_folder(cnn_dir): train_rec[XU_CNN] = dict(kept='cifar10-cpu-xu/cnn', model='resnet10t',   # its model card's record, not an older meta's
+                                                            **json.loads((cnn_dir / 'config.json').read_text())['pe_anchors'].get('card', {}))
     else:
         out = train('nope', data, exp.recipe, run_dir=Path(runs) / 'cifar10-cpu-xu' / 'cnn' / 'train', seed=seed,
                     model='resnet10t', show_progress=show_progress, **exp.train_kwargs)
@@ -237,7 +238,7 @@ def cifar10_sensitivity(results: str | Path,         # the results folder holdin
         train_rec[XU_CNN] = dict(kept='cifar10-cpu-xu/cnn', model='resnet10t', seed=seed, **rec)
     models = {**{k: ExperimentDir(R / e).run(c, seed).kept for k, (e, c) in XU_KEPT.items()}, XU_CNN: cnn_dir}
     t = time.perf_counter()
-    sens = sensitivity_study(models, data, grid=anatomy(load_trained(models['APE (linear)'])[0]).grid[0],
+    sens = sensitivity_study(models, data, grid=anatomy(load_trained(models['APE (linear)'])[0]).grid_size[0],
                              show_progress=show_progress)
     write_atomic(xu / 'sensitivity.csv', sens.to_csv(index=False))
     meta.update(data=f"{exp.data}: every validation image ({int(sens['n'].iloc[0])})", seed=seed, train=train_rec,
