@@ -215,16 +215,16 @@ def cifar10_sensitivity(results: str | Path,         # the results folder holdin
     `meta.json`). The CNN is trained with the `cifar10-cpu` recipe and kept there as `cnn/` (a Hub folder) the first time."""
     R = Path(results); xu = R / 'cifar10-cpu-xu'
     exp = experiment_of(R / 'cifar10-cpu')
-    missing = [f"{e}/runs/{c}-s{seed}" for e, c in XU_KEPT.values() if not ExperimentDir(R / e).run(c, seed).has_kept_model()]
+    kept = {label: ExperimentDir(R / e).run(c, seed) for label, (e, c) in XU_KEPT.items()}
+    missing = [f"{XU_KEPT[k][0]}/runs/{r.path.name}" for k, r in kept.items() if not r.has_kept_model()]
     if missing: raise FileNotFoundError(f"no kept model for {', '.join(missing)} under {R}: train and harvest them first")
     data = experiment_data(exp, data_path)
     meta_file = xu / 'meta.json'
     meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
     train_rec = {}
-    for label, (e, c) in XU_KEPT.items():
-        run = ExperimentDir(R / e).run(c, seed)
+    for label, run in kept.items():
         rec = json.loads((run.path / 'run.json').read_text()).get('train', {})
-        train_rec[label] = dict(kept=f"{e}/runs/{run.path.name}", model=exp.model, **rec)
+        train_rec[label] = dict(kept=f"{XU_KEPT[label][0]}/runs/{run.path.name}", model=exp.model, **rec)
     cnn_dir = xu / 'cnn'
     if is_hub_folder(cnn_dir): train_rec[XU_CNN] = dict(kept='cifar10-cpu-xu/cnn', model='resnet10t',   # its model card's record, not an older meta's
                                                             **json.loads((cnn_dir / 'config.json').read_text())['pe_anchors'].get('card', {}))
@@ -236,7 +236,7 @@ def cifar10_sensitivity(results: str | Path,         # the results folder holdin
                                                           data='cifar10', recipe=exp.recipe, seed=seed,
                                                           accuracy=round(float(rec['accuracy']), 4)))
         train_rec[XU_CNN] = dict(kept='cifar10-cpu-xu/cnn', model='resnet10t', seed=seed, **rec)
-    models = {**{k: ExperimentDir(R / e).run(c, seed).kept for k, (e, c) in XU_KEPT.items()}, XU_CNN: cnn_dir}
+    models = {**{k: r.kept for k, r in kept.items()}, XU_CNN: cnn_dir}
     t = time.perf_counter()
     sens = sensitivity_study(models, data, grid=anatomy(load_trained(models['APE (linear)'])[0]).grid_size[0],
                              show_progress=show_progress)
