@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
-from .core import (check_choice, code_version, condition_label, condition_order, hardware_info, pbar,
+from .core import (check_choice, code_version, condition_label, condition_order, hardware_info, pbar, read_json,
                              run_perm_seed, show_progress as interactive, write_atomic)
 from .anatomy import anatomy
 from .data import ImageData, stratified_sample
@@ -23,7 +23,7 @@ from .corruptions import CORRUPTIONS, Corruption, available_corruptions
 from .interventions import ssdc_trajectories
 from .results import read_table, write_results
 from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept, load_trained
-from .rundir import ExperimentDir, is_hub_folder
+from .rundir import ExperimentDir, hub_files, is_hub_folder
 from .hub import save_hub
 from .learner import train
 
@@ -219,17 +219,17 @@ def cifar10_sensitivity(results: str | Path,         # the results folder holdin
     missing = [f"{XU_KEPT[k][0]}/runs/{r.path.name}" for k, r in kept.items() if not r.has_kept_model()]
     if missing: raise FileNotFoundError(f"no kept model for {', '.join(missing)} under {R}: train and harvest them first")
     data = experiment_data(exp, data_path)
-    meta_file = xu / 'meta.json'
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    meta_file = ExperimentDir(xu).meta
+    meta = ExperimentDir(xu).read_meta()
     train_rec = {}
     for label, run in kept.items():
-        rec = json.loads((run.path / 'run.json').read_text()).get('train', {})
+        rec = run.read_record().get('train', {})
         train_rec[label] = dict(kept=f"{XU_KEPT[label][0]}/runs/{run.path.name}", model=exp.model, **rec)
     cnn_dir = xu / 'cnn'
     if is_hub_folder(cnn_dir): train_rec[XU_CNN] = dict(kept='cifar10-cpu-xu/cnn', model='resnet10t',   # its model card's record, not an older meta's
-                                                            **json.loads((cnn_dir / 'config.json').read_text())['pe_anchors'].get('card', {}))
+                                                            **read_json(hub_files(cnn_dir)[0])['pe_anchors'].get('card', {}))
     else:
-        out = train('nope', data, exp.recipe, run_dir=Path(runs) / 'cifar10-cpu-xu' / 'cnn' / 'train', seed=seed,
+        out = train('nope', data, exp.recipe, run_dir=ExperimentDir(Path(runs) / 'cifar10-cpu-xu').run('cnn', seed).train.path, seed=seed,
                     model='resnet10t', show_progress=show_progress, **exp.train_kwargs)
         rec = {k: v for k, v in out.items() if k != 'learn'}
         save_hub(out['learn'].model.eval(), cnn_dir, dict(title=f"resnet10t on CIFAR-10 ({exp.recipe} recipe, seed {seed})",
