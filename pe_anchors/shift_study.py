@@ -23,7 +23,7 @@ from .corruptions import CORRUPTIONS, Corruption, available_corruptions
 from .interventions import ssdc_trajectories
 from .results import read_table, write_results
 from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept, load_trained
-from .rundir import ExperimentDir, hub_files, is_hub_folder
+from .rundir import ExperimentDir, hub_files
 from .hub import save_hub
 from .learner import train
 
@@ -212,7 +212,8 @@ def cifar10_sensitivity(results: str | Path,         # the results folder holdin
                         show_progress: bool | None = None,
                        ) -> pd.DataFrame:
     """The sensitivity page's CIFAR-10 table from kept models, written to `results/cifar10-cpu-xu/` (`sensitivity.csv`,
-    `meta.json`). The CNN is trained with the `cifar10-cpu` recipe and kept there as `cnn/` (a Hub folder) the first time."""
+    `meta.json`). The CNN is trained with the `cifar10-cpu` recipe the first time and kept there as the run
+    `runs/cnn-s<seed>/`: its `model/` is a Hub folder whose card holds the training record, committed like every kept run."""
     R = Path(results); xu = R / 'cifar10-cpu-xu'
     exp = experiment_of(R / 'cifar10-cpu')
     kept = {label: ExperimentDir(R / e).run(c, seed) for label, (e, c) in XU_KEPT.items()}
@@ -225,17 +226,18 @@ def cifar10_sensitivity(results: str | Path,         # the results folder holdin
     for label, run in kept.items():
         rec = run.read_record().get('train', {})
         train_rec[label] = dict(kept=f"{XU_KEPT[label][0]}/runs/{run.path.name}", model=exp.model, **rec)
-    cnn_dir = xu / 'cnn'
-    if is_hub_folder(cnn_dir): train_rec[XU_CNN] = dict(kept='cifar10-cpu-xu/cnn', model='resnet10t',   # its model card's record, not an older meta's
+    cnn = ExperimentDir(xu).run('cnn', seed); cnn_dir, cnn_name = cnn.kept, f"cifar10-cpu-xu/runs/{cnn.path.name}"
+    if cnn.has_kept_model(): train_rec[XU_CNN] = dict(kept=cnn_name, model='resnet10t',   # its model card's record, not an older meta's
                                                             **read_json(hub_files(cnn_dir)[0])['pe_anchors'].get('card', {}))
     else:
         out = train('nope', data, exp.recipe, run_dir=ExperimentDir(Path(runs) / 'cifar10-cpu-xu').run('cnn', seed).train.path, seed=seed,
                     model='resnet10t', show_progress=show_progress, **exp.train_kwargs)
         rec = {k: v for k, v in out.items() if k != 'learn'}
         save_hub(out['learn'].model.eval(), cnn_dir, dict(title=f"resnet10t on CIFAR-10 ({exp.recipe} recipe, seed {seed})",
-                                                          data='cifar10', recipe=exp.recipe, seed=seed,
+                                                          data='cifar10', recipe=exp.recipe, seed=seed, **{k: rec[k] for k in
+                                                          ('epochs', 'train_time_s', 'train_img_s', 'hardware') if k in rec},
                                                           accuracy=round(float(rec['accuracy']), 4)))
-        train_rec[XU_CNN] = dict(kept='cifar10-cpu-xu/cnn', model='resnet10t', seed=seed, **rec)
+        train_rec[XU_CNN] = dict(kept=cnn_name, model='resnet10t', seed=seed, **rec)
     models = {**{k: r.kept for k, r in kept.items()}, XU_CNN: cnn_dir}
     t = time.perf_counter()
     sens = sensitivity_study(models, data, grid=anatomy(load_trained(models['APE (linear)'])[0]).grid_size[0],

@@ -45,3 +45,20 @@ def test_a_run_is_loaded_from_any_of_its_levels(experiment, tmp_path):
     with pytest.raises(FileNotFoundError, match='neither a kept model nor final weights'): load_trained(run.path)
     with pytest.raises(FileNotFoundError, match='has no final model'): load_run_model(ed.path, 'ape', 0)
     with pytest.raises(FileNotFoundError, match=r'no kept model of run ape-s0 \(kept: none\)'): load_kept(ed.path, 'ape', 0)
+
+
+def test_every_committed_model_has_its_weights_and_git_keeps_them():
+    """A Hub folder committed without its weights (an ignore rule that missed its path) is a model lost with the machine
+    that trained it: every committed Hub config has its weights beside it, and no place a kept model goes is ignored."""
+    import shutil, subprocess
+    from pathlib import Path
+    from pe_anchors.rundir import CONFIG, MODEL_FILE
+    root = Path(__file__).resolve().parents[1]
+    results = root / 'nbs' / 'results'
+    hubs = [p.parent for p in results.rglob(CONFIG) if 'architecture' in json.loads(p.read_text())]
+    assert len(hubs) >= 30                                                           # the kept CIFAR-10 runs
+    assert [str(h.relative_to(root)) for h in hubs if not (h / MODEL_FILE).is_file()] == []
+    if not (shutil.which('git') and (root / '.git').exists()): pytest.skip('not a git checkout: the ignore rules are not checked')
+    where = [h / MODEL_FILE for h in hubs] + [ExperimentDir(e).run('any', 0).kept / MODEL_FILE for e in results.iterdir() if e.is_dir()]
+    r = subprocess.run(['git', 'check-ignore', '--no-index', *map(str, where)], cwd=root, capture_output=True, text=True)
+    assert r.returncode in (0, 1) and r.stdout == '', f"ignored by git: {r.stdout}"
