@@ -8,7 +8,7 @@ so no saved output carries them. A cell ending in `;` keeps its printed text, as
 loses the outputs of its last run (execnb alone keeps them).
 
 `--section "On CIFAR-10"` re-runs one section of a page: its import cells (the cells nbdev's docs build runs too; they
-are cheap by the docs test's rule), the exported names of its module (`from pe_anchors.<default_exp> import *`, for
+are cheap by the docs test's rule), every name of its module (`pe_anchors.<default_exp>`, private helpers included, for
 the definitions a module's page makes in its own cells) and the cells from the `## On CIFAR-10...` heading to the next `##` heading; every
 other cell keeps its saved outputs. For a section that reads committed tables, when only those tables changed.
 Run `nbdev_clean` afterwards; CI checks that it leaves no diff."""
@@ -65,7 +65,9 @@ def main(paths, slow=True, section=None):
         sh.run('import warnings; warnings.filterwarnings("ignore", category=FutureWarning); '
                'warnings.filterwarnings("ignore", category=DeprecationWarning); '
                'warnings.filterwarnings("ignore", message="Overwriting .* in registry")')
-        if exp: sh.run(f'from pe_anchors.{exp.group(1)} import *')
+        if exp:   # the module's whole namespace, private helpers included, as the page's own definitions would leave it
+            sh.run(f'import pe_anchors.{exp.group(1)} as _m; '
+                   'globals().update({k: v for k, v in vars(_m).items() if not k.startswith("__")}); del _m')
         try: sh.run_all(nb, exc_stop=True, preproc=skip)
         finally: os.chdir(home)
         write_nb(nb, p)
