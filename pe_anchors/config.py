@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import (CONDITIONS, DOSE_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused, check_choice,
+from .core import (CONDITIONS, DOSE_CONDITIONS, FACTORIAL_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused, check_choice,
                              check_offline, hub_name)
 from .paper import PAPER_ALPHAS
 from .results import RPI_MODES
@@ -19,8 +19,8 @@ from .learner import CALLBACKS, Recipe, recipe_changes
 from .rundir import ExperimentDir
 
 # %% auto #0
-__all__ = ['SEED_MAX', 'SCHEMA', 'MODEL_SIZES', 'PRESETS', 'ExperimentError', 'ExperimentTypeError', 'Rule', 'check_value',
-           'check_kwargs', 'check_fields', 'Experiment', 'preset', 'experiment_of']
+__all__ = ['SEED_MAX', 'SCHEMA', 'MODEL_SIZES', 'PRESETS', 'FACTORIAL_PLAN', 'ExperimentError', 'ExperimentTypeError', 'Rule',
+           'check_value', 'check_kwargs', 'check_fields', 'Experiment', 'preset', 'experiment_of']
 
 # %% ../nbs/09a_config.ipynb #5c4e7a11
 class ExperimentError(ValueError):
@@ -222,9 +222,32 @@ PRESETS = {
     'cifar10-cpu-dose': dict(name='cifar10-cpu-dose', **_CIFAR10_CPU, conditions=list(DOSE_CONDITIONS), alpha_conditions=[]),
     'cifar10-cpu-deep': dict(name='cifar10-cpu-deep', **_CIFAR10_CPU, model_kwargs=dict(depth=8), conditions=['rope', 'nope'],
                              alpha_conditions=[]),
+    # geometry × loudness of a frozen table, 3 × 3 cells × 3 seeds (FACTORIAL_PLAN: the analysis, stated before the runs)
+    'cifar10-cpu-factorial': dict(name='cifar10-cpu-factorial', **_CIFAR10_CPU, conditions=list(FACTORIAL_CONDITIONS),
+                                  seeds=[0, 1, 2], alpha_conditions=[]),
     'imagenet100': dict(name='imagenet100', data='imagenet100', model='pe_vit_small_patch16_224', recipe='paper',
                         seeds=[0, 1, 2, 3], ssdc_images=1000, severities=True),
 }
+
+FACTORIAL_PLAN = """\
+The factorial experiment (preset cifar10-cpu-factorial), stated before its runs.
+Question: does index-anchored geometry lower fragility once the position signal's loudness and clean accuracy are held
+apart? Design: one frozen grid-smoothed table (table SSDC .5, table seed 0) on the cifar10-cpu backbone and recipe;
+factor geometry = share of its rows moved to other slots, f in {0, .5, 1} (same rows, same norms; f = 1 keeps no
+geometry); factor loudness = row norm x.25, x1, x4 the sin-cos one. 9 cells x seeds 0, 1, 2; cell (0, x1) is the
+smooth_table condition of cifar10-cpu-dose.
+Unit of analysis: the cell; seeds are nested in cells and estimate the noise (no seed is a model of its own).
+Primary outcome: the CIFAR-10-C mean over 15 corruptions x 5 severities (2000 class-stratified validation images) as
+effective robustness (ER: the residual of logit shifted accuracy on logit clean accuracy, fitted over every kept
+CIFAR-10 model) and as fragility FS = 1 - shifted / clean. Secondary: JPEG q5 and blur, the same two ways.
+Anchoring measure (manipulation check): peak RPI-SSDC over the block inputs; geometry must move it.
+Analysis: two-way model over cells (geometry, loudness, interaction) fitted on the seed-level values; contrasts f = 0
+minus f = 1 (geometry) and x4 minus x.25 (loudness), each averaged over the other factor, with 95% intervals from the
+within-cell error (18 df); the interaction as an F test. Accuracy's share: the same contrasts on FS with clean
+accuracy as a covariate. Holm over the two primary contrasts (ER of the C10-C mean). The paper's claim predicts a
+positive geometry contrast on ER (more geometry, more robust) and none for loudness.
+Sensitivity: the smallest contrast detectable at 80% power, from the seed SDs observed before the runs (printed by
+factorial.detectable_effect)."""
 
 def preset(which: str, **overrides) -> Experiment:
     "The `Experiment` of preset `which` (a key of `PRESETS`), with field `overrides` (`name=` included)."

@@ -13,13 +13,14 @@ import torch
 from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
-__all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'IMAGENET_MEAN',
-           'IMAGENET_STD', 'N_PERMS', 'PADDING_MODES', 'DISK_ERRORS', 'grid_hw', 'grid_coords', 'check_choice',
-           'check_finite', 'NetworkRefused', 'check_offline', 'hub_name', 'image_rng', 'image_perms', 'condition_spec',
-           'condition_model_kwargs', 'condition_label', 'condition_order', 'show_progress', 'pbar', 'default_device',
-           'cpu_name', 'hardware_info', 'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores', 'auto_threads',
-           'set_threads', 'run_perm_seed', 'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic',
-           'current_umask', 'read_json', 'disk_error']
+__all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'FACTORIAL_SHUFFLES',
+           'FACTORIAL_SCALES', 'FACTORIAL', 'FACTORIAL_CONDITIONS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS',
+           'PADDING_MODES', 'DISK_ERRORS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'NetworkRefused',
+           'check_offline', 'hub_name', 'image_rng', 'image_perms', 'condition_spec', 'condition_model_kwargs',
+           'condition_label', 'condition_order', 'show_progress', 'pbar', 'default_device', 'cpu_name', 'hardware_info',
+           'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores', 'auto_threads', 'set_threads', 'run_perm_seed',
+           'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic', 'current_umask', 'read_json',
+           'disk_error']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -109,6 +110,18 @@ EXTENSION_CONDITIONS = ('rope_mixed', 'rpb', 'ape_rope', 'rope_dinov3', 'peg', '
 DOSE_CONDITIONS = ('spe_x025', 'spe_x05', 'random_table', 'smooth_table', 'peg_circular', 'nope_conv', 'nope_conv_circular',
                    'rope_t100')    # index anchoring changed at one architecture: the causal test
 PAPER_CONDITIONS = ('ape', 'spe', 'rope', 'nope', 'rpt')  # the five conditions of the paper, in its table order
+
+# geometry × loudness at a fixed table: the smooth table with a share of its rows moved to other slots (`shuffle`), at a
+# row norm of ×.25, ×1, ×4 the sin-cos one (`scale`); (0, 1) is `smooth_table` itself
+FACTORIAL_SHUFFLES, FACTORIAL_SCALES = (0., .5, 1.), (.25, 1., 4.)
+_level = lambda v: {0.: '0', .25: '025', .5: '05', 1.: '1', 4.: '4'}[v]
+FACTORIAL = {('smooth_table' if (f, s) == (0., 1.) else f'smooth_f{_level(f)}_x{_level(s)}'): (f, s)
+             for f in FACTORIAL_SHUFFLES for s in FACTORIAL_SCALES}    # condition -> (shuffled share, loudness)
+for _c, (_f, _s) in FACTORIAL.items():
+    if _c != 'smooth_table':
+        CONDITIONS[_c] = dict(pe='fixed', rpt=False, label=f"smooth {_f:.0%} moved ×{_s:g}".replace('×0.25', '×.25'),
+                              model_kwargs=dict(pe_kwargs=dict(table='smooth', shuffle=_f, scale=_s)))
+FACTORIAL_CONDITIONS = tuple(c for c in FACTORIAL if c != 'smooth_table') + ('smooth_table',)   # the committed cell last
 
 def condition_spec(name: str) -> dict:
     "The PE name, RPT flag, plot label (and any model kwargs it builds with) of condition `name` (a key of `CONDITIONS`)."

@@ -39,10 +39,10 @@ from .callback.permute import RPT
 # %% auto #0
 __all__ = ['RECIPES', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'WANDB_LOCAL', 'Recipe', 'recipe_changes',
            'get_recipe', 'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper',
-           'RunRecorder', 'init_distributed', 'DDP', 'Progress', 'run_recorder', 'tensorboard_callback',
-           'wandb_callback', 'make_callbacks', 'DivergenceWarning', 'AutoThreads', 'EpochLines', 'learner_device',
-           'default_model', 'build_model', 'set_data_config', 'make_dls', 'make_optimizer', 'fit_callbacks',
-           'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe', 'train']
+           'RunRecorder', 'snapshot_epochs', 'Snapshots', 'init_distributed', 'DDP', 'Progress', 'run_recorder',
+           'tensorboard_callback', 'wandb_callback', 'make_callbacks', 'DivergenceWarning', 'AutoThreads', 'EpochLines',
+           'learner_device', 'default_model', 'build_model', 'set_data_config', 'make_dls', 'make_optimizer',
+           'fit_callbacks', 'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe', 'train']
 
 # %% ../nbs/05_learner.ipynb #fa871433
 @dataclass
@@ -410,6 +410,28 @@ def write_final(self: RunRecorder) -> dict:
     write_atomic(self.dir.final, json.dumps(final, indent=2))
     return final
 
+# %% ../nbs/05_learner.ipynb #b2a4c1e1
+def snapshot_epochs(n_epochs: int, n: int = 6) -> list[int]:
+    "`n` evenly spaced epochs (0-based) of an `n_epochs` fit, the last one included: `round(k · n_epochs / n) - 1`, k = 1..n."
+    if n_epochs < 1 or n < 1: raise ValueError(f"snapshot_epochs needs n_epochs >= 1 and n >= 1, got {n_epochs}, {n}")
+    return sorted({max(0, round(k * n_epochs / n) - 1) for k in range(1, n + 1)})
+
+class Snapshots(Callback):
+    "Keep the weights after `n` evenly spaced epochs (or the given `epochs`) in the run directory's `snapshots/`."
+    order = RunRecorder.order - 1                                  # before the epoch's checkpoint marks it done
+    def __init__(self, n: int = 6, epochs: Sequence[int] | None = None): self.n, self.epochs = n, epochs
+    def before_fit(self):
+        "Choose the epochs (refused without a run directory to keep them in)."
+        self.rec = run_recorder(self.learn)
+        if self.rec is None or not self.rec.run: return
+        self.keep = set(self.epochs) if self.epochs is not None else set(snapshot_epochs(self.n_epoch, self.n))
+    def after_epoch(self):
+        "Save the weights if this epoch is one of them (atomic: `hub.save_checkpoint`)."
+        if self.rec is None or not self.rec.run or self.epoch < self.rec.start_epoch or self.epoch not in self.keep: return
+        if dist_info()[0] != 0: return
+        _save_model(unwrap_model(self.learn.model), self.rec.dir.snapshot(self.epoch), self.rec.dir.snapshots_dir,
+                    extra=dict(epoch=self.epoch))
+
 # %% ../nbs/05_learner.ipynb #b540144b
 DIST_TIMEOUT_ENV = 'PE_ANCHORS_DIST_TIMEOUT'    # seconds the ranks wait for each other to join (default 60)
 
@@ -466,7 +488,7 @@ class Progress(ProgressCallback):
 
 CALLBACKS = {'csv': 'fastai.callback.progress:CSVLogger', 'tensorboard': 'pe_anchors.learner:tensorboard_callback',
              'wandb': 'pe_anchors.learner:wandb_callback', 'save_model': 'fastai.callback.tracker:SaveModelCallback',
-             'early_stopping': 'fastai.callback.tracker:EarlyStoppingCallback'}
+             'early_stopping': 'fastai.callback.tracker:EarlyStoppingCallback', 'snapshots': 'pe_anchors.learner:Snapshots'}
 WANDB_LOCAL = ('offline', 'disabled', 'dryrun')   # WANDB_MODE values that keep a run's metrics on this machine
 
 def _numbers(hypers: list[dict]) -> dict:

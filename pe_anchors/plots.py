@@ -19,7 +19,11 @@ _PALETTE = {'ape': 'C0', 'spe': 'C1', 'rope': 'C2', 'nope': 'C3', 'rpt': 'C4', '
             'ape_rope': 'C7', 'rope_dinov3': 'C8', 'peg': 'C9', 'alibi': '#222222',
             # the dose conditions: each near the colour of the condition it varies, told apart from every other
             'spe_x025': '#a63603', 'spe_x05': '#fdae6b', 'random_table': '#08306b', 'smooth_table': '#6baed6',
-            'peg_circular': '#9edae5', 'nope_conv': '#67000d', 'nope_conv_circular': '#fc9272', 'rope_t100': '#00441b'}
+            'peg_circular': '#9edae5', 'nope_conv': '#67000d', 'nope_conv_circular': '#fc9272', 'rope_t100': '#00441b',
+            # the factorial: hue by the share of rows moved (blue 0, purple .5, grey 1), darker when louder
+            'smooth_f0_x025': '#c6dbef', 'smooth_f0_x4': '#08519c',
+            'smooth_f05_x025': '#dadaeb', 'smooth_f05_x1': '#9e9ac8', 'smooth_f05_x4': '#54278f',
+            'smooth_f1_x025': '#d9d9d9', 'smooth_f1_x1': '#969696', 'smooth_f1_x4': '#404040'}
 
 def condition_color(condition: str) -> str:
     "One colour per condition on every figure: every named condition fixed (no two alike), any other from tab20 by its name."

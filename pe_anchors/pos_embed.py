@@ -8,6 +8,7 @@ import inspect, math
 from contextlib import contextmanager
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from timm.layers import trunc_normal_
@@ -18,8 +19,8 @@ from .core import PADDING_MODES, check_alpha, check_choice, grid_coords, grid_hw
 __all__ = ['ROPE_LAYOUTS', 'ALIBI_SLOPES', 'DINOV3_DRAWS', 'FIXED_TABLES', 'PE_CLASSES', 'PE_NAMES', 'PosEmbed', 'NoPE',
            'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_table', 'apply_rope', 'swap_quarters', 'rope_to_timm',
            'axial_frequencies', 'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed', 'RelPosBias2D',
-           'alibi_slopes', 'ALiBi2D', 'PEG', 'dinov3_periods', 'dinov3_augment', 'RoPEDinoV3', 'APERoPE', 'fixed_table',
-           'FixedTable2D', 'create_pos_embed']
+           'alibi_slopes', 'ALiBi2D', 'PEG', 'dinov3_periods', 'dinov3_augment', 'RoPEDinoV3', 'APERoPE',
+           'shuffle_rows', 'fixed_table', 'FixedTable2D', 'create_pos_embed']
 
 # %% ../nbs/01_pos_embed.ipynb #a933464a
 class PosEmbed(nn.Module):
@@ -641,8 +642,29 @@ def _smoothed(field: torch.Tensor, sigma: float) -> torch.Tensor: # (C, H, W) ->
     x = torch.nn.functional.conv2d(x, k.view(1, 1, -1, 1).expand(C, 1, -1, 1), groups=C)
     return x[0]
 
-def fixed_table(grid_size, embed_dim: int, kind: str = 'random', target_ssdc: float = .5, seed: int = 0) -> torch.Tensor:
+def shuffle_rows(t: torch.Tensor,        # (N, C) table
+                 fraction: float,        # share of the rows moved, in [0, 1]
+                 seed: int = 0,
+                ) -> torch.Tensor:       # (N, C): the same rows, round(fraction N) of them at other grid slots
+    """Move `round(fraction · N)` randomly chosen rows among their own slots along one random cycle (each chosen row
+    leaves its slot: a derangement of the chosen set); the other rows stay. Norms and entries are unchanged: only where
+    the rows sit is. The draw uses its own stream `(seed, 1)`, so the table drawn with `seed` does not change."""
+    if not 0 <= fraction <= 1: raise ValueError(f"shuffle fraction must be in [0, 1], got {fraction}")
+    n, k = len(t), round(fraction * len(t))
+    if k < 2: return t.clone()
+    slots = torch.from_numpy(np.random.default_rng([seed, 1]).permutation(n)[:k])
+    out = t.clone()
+    out[slots] = t[slots.roll(-1)]                        # slot i gets the row of the next chosen slot in the cycle
+    return out
+
+def fixed_table(grid_size, embed_dim: int, kind: str = 'random', target_ssdc: float = .5, seed: int = 0,
+                shuffle: float = 0.,   # share of the rows moved to other slots afterwards (`shuffle_rows`)
+               ) -> torch.Tensor:
     "A frozen (N, C) table with the sin-cos row norm √(C/2): Gaussian rows ('random') or a smoothed field ('smooth')."
+    t = _fixed_table(grid_size, embed_dim, kind, target_ssdc, seed)
+    return shuffle_rows(t, shuffle, seed) if shuffle else t
+
+def _fixed_table(grid_size, embed_dim: int, kind: str, target_ssdc: float, seed: int) -> torch.Tensor:
     check_choice('fixed table', kind, FIXED_TABLES)
     (H, W), g = grid_hw(grid_size), torch.Generator().manual_seed(seed)
     field = torch.randn(embed_dim, H, W, generator=g, dtype=torch.float64)
@@ -664,15 +686,18 @@ def fixed_table(grid_size, embed_dim: int, kind: str = 'random', target_ssdc: fl
 class FixedTable2D(SinCos2D):
     "A frozen random ('random') or grid-smoothed random ('smooth') table in place of the sin-cos one, with its row norm."
     def __init__(self, grid_size, embed_dim: int, num_prefix_tokens: int = 1, table: str = 'random',
-                 target_ssdc: float = .5, seed: int = 0, std: float = .02, scale: float = 1.):
+                 target_ssdc: float = .5, seed: int = 0, std: float = .02, scale: float = 1., shuffle: float = 0.):
         self.table_kind, self.target_ssdc, self.seed = check_choice('fixed table', table, FIXED_TABLES), target_ssdc, seed
+        if not 0 <= shuffle <= 1: raise ValueError(f"shuffle fraction must be in [0, 1], got {shuffle}")
+        self.shuffle = float(shuffle)
         super().__init__(grid_size, embed_dim, num_prefix_tokens, std=std, scale=scale)
         t = self.grid_table
         del self.grid_table
         self.register_buffer('grid_table', t)                  # persistent: the drawn table is saved with the model
 
     def _grid_table(self) -> torch.Tensor:
-        return self.scale * fixed_table(self.grid_size, self.embed_dim, self.table_kind, self.target_ssdc, self.seed)
+        return self.scale * fixed_table(self.grid_size, self.embed_dim, self.table_kind, self.target_ssdc, self.seed,
+                                        self.shuffle)
 
     def settings(self) -> dict:
         "Constructor arguments, with `table` (the kind)."

@@ -11,7 +11,7 @@ from typing import Iterable
 from .core import read_json
 
 # %% auto #0
-__all__ = ['CONFIG', 'METRICS', 'FINAL', 'MODEL_FILE', 'CHECKPOINTS', 'STATE', 'CHECKPOINT_GLOB', 'TRAIN', 'RESULTS',
+__all__ = ['CONFIG', 'METRICS', 'FINAL', 'MODEL_FILE', 'CHECKPOINTS', 'STATE', 'CHECKPOINT_GLOB', 'SNAPSHOTS', 'TRAIN', 'RESULTS',
            'RUN_RECORD', 'KEPT_MODEL', 'RUNS', 'EXPERIMENT', 'META', 'SAMPLE', 'SHIFTS', 'CACHE', 'REPORT', 'MECH',
            'LOCK', 'CHECKSUM', 'CHECKPOINT_TMP', 'LEFTOVERS', 'RUN_FORMS', 'EXPERIMENT_FORMS', 'VOLATILE',
            'checksum_file', 'is_hub_folder', 'hub_files', 'RunLock', 'remove_leftovers', 'TrainDir', 'RunDir',
@@ -21,6 +21,7 @@ __all__ = ['CONFIG', 'METRICS', 'FINAL', 'MODEL_FILE', 'CHECKPOINTS', 'STATE', '
 # %% ../nbs/00b_rundir.ipynb #9a6a7084
 CONFIG, METRICS, FINAL, MODEL_FILE = 'config.json', 'metrics.csv', 'final.json', 'model.safetensors'   # a training run
 CHECKPOINTS, STATE, CHECKPOINT_GLOB = 'checkpoints', 'state.pt', 'epoch_[0-9][0-9][0-9]'
+SNAPSHOTS = 'snapshots'         # weights kept at chosen epochs (a trajectory), never optimiser state
 TRAIN, RESULTS, RUN_RECORD, KEPT_MODEL = 'train', 'results.csv', 'run.json', 'model'                    # a run of an experiment
 RUNS, EXPERIMENT, META, SAMPLE, SHIFTS, CACHE, REPORT, MECH = ('runs', 'experiment.json', 'meta.json', 'ssdc_sample.json',
                                                                'shifts.json', 'cache', 'report', 'mech')   # an experiment
@@ -131,6 +132,17 @@ class TrainDir:
         "The complete checkpoint folders, oldest first."
         d = self.checkpoints_dir
         return sorted(p for p in d.glob(CHECKPOINT_GLOB) if self.checkpoint_files(p)[1].exists()) if d.exists() else []
+    @property
+    def snapshots_dir(self) -> Path:
+        "The folder of the weights kept at chosen epochs (`learner.Snapshots`): a trajectory's models."
+        return self.path / SNAPSHOTS
+    def snapshot(self, epoch: int) -> Path:
+        "The weights kept after `epoch` (0-based)."
+        return self.snapshots_dir / f'epoch_{int(epoch):03d}.safetensors'
+    def snapshots(self) -> dict[int, Path]:
+        "The kept weights by epoch, oldest first."
+        d = self.snapshots_dir
+        return {int(p.stem.split('_')[1]): p for p in sorted(d.glob('epoch_[0-9][0-9][0-9].safetensors'))} if d.exists() else {}
     def last_checkpoint(self) -> Path | None:
         "The newest complete checkpoint folder, or None."
         done = self.checkpoints()
@@ -151,10 +163,10 @@ class TrainDir:
         return RunLock(self.path, shared)
     def remove_leftovers(self) -> list[Path]:
         "The temporary files and checkpoint folders of killed writers, deleted (call it holding the run's lock)."
-        return remove_leftovers(self.path) + remove_leftovers(self.checkpoints_dir)
+        return remove_leftovers(self.path) + remove_leftovers(self.checkpoints_dir) + remove_leftovers(self.snapshots_dir)
     def clear(self):
         "Delete what a fit wrote: checkpoints, metrics, final metrics and weights (the config stays until the next fit)."
-        shutil.rmtree(self.checkpoints_dir, ignore_errors=True)
+        shutil.rmtree(self.checkpoints_dir, ignore_errors=True); shutil.rmtree(self.snapshots_dir, ignore_errors=True)
         for f in (self.metrics, self.final, self.model): f.unlink(missing_ok=True)
 
 # %% ../nbs/00b_rundir.ipynb #22bcd8d3

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pe_anchors.core import (CONDITIONS, DOSE_CONDITIONS, EXTENSION_CONDITIONS, PADDING_MODES, PAPER_CONDITIONS, check_choice,
+from pe_anchors.core import (CONDITIONS, DOSE_CONDITIONS, EXTENSION_CONDITIONS, FACTORIAL, FACTORIAL_CONDITIONS, PADDING_MODES, PAPER_CONDITIONS, check_choice,
                              condition_label, condition_model_kwargs, condition_order, condition_spec, disk_error, grid_coords,
                              image_perms, read_json, run_perm_seed, write_atomic)
 from pe_anchors.pos_embed import PE_NAMES
@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_condition_is_a_pe_with_a_label_in_one_group():
-    groups = PAPER_CONDITIONS + EXTENSION_CONDITIONS + DOSE_CONDITIONS
+    groups = PAPER_CONDITIONS + EXTENSION_CONDITIONS + DOSE_CONDITIONS + tuple(c for c in FACTORIAL_CONDITIONS
+                                                                                 if c not in DOSE_CONDITIONS)
     assert sorted(groups) == sorted(CONDITIONS) and len(set(groups)) == len(groups)           # each in exactly one group
     assert all(CONDITIONS[c]['pe'] in PE_NAMES for c in CONDITIONS)
     assert len({condition_label(c) for c in CONDITIONS}) == len(CONDITIONS)                    # labels tell them apart
@@ -23,6 +24,10 @@ def test_every_condition_is_a_pe_with_a_label_in_one_group():
     assert condition_model_kwargs('peg_circular')['pe_kwargs'] == dict(padding_mode='circular')
     assert condition_model_kwargs('peg_circular')['pe_kwargs']['padding_mode'] in PADDING_MODES
     with pytest.raises(ValueError, match="unknown condition 'cape'"): condition_spec('cape')
+    for c, (f, s) in FACTORIAL.items():                 # each factorial cell builds the smooth table it names
+        pk = {'table': 'smooth', 'shuffle': 0., 'scale': 1., **condition_model_kwargs(c)['pe_kwargs']}
+        assert CONDITIONS[c]['pe'] == 'fixed' and (pk['table'], pk['shuffle'], pk['scale']) == ('smooth', f, s)
+    assert len(FACTORIAL) == 9 and sorted(FACTORIAL) == sorted(FACTORIAL_CONDITIONS)
     with pytest.raises(ValueError, match="valid: 'a', 'b'"): check_choice('thing', 'c', ['a', 'b'])
 
 
