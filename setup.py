@@ -21,6 +21,7 @@ min_python = cfg['min_python']
 requirements = shlex.split(cfg.get('requirements', ''))
 dev_requirements = shlex.split(cfg.get('dev_requirements', ''))
 tracking_requirements = shlex.split(cfg.get('tracking_requirements', ''))
+corruptions_requirements = shlex.split(cfg.get('corruptions_requirements', ''))
 console_scripts = [o.strip() for o in cfg.get('console_scripts', '').split(';') if o.strip()]
 
 setuptools.setup(
@@ -37,7 +38,8 @@ setuptools.setup(
     include_package_data=True,
     package_data={cfg['lib_name']: ['data/*']},
     install_requires=requirements,
-    extras_require={'dev': dev_requirements, 'tracking': tracking_requirements},
+    extras_require={'dev': dev_requirements, 'tracking': tracking_requirements,
+                    'corruptions': corruptions_requirements},
     dependency_links=cfg.get('dep_links', '').split(),
     python_requires='>=' + min_python,
     long_description=open('README.md', encoding='utf-8').read(),

@@ -4,7 +4,7 @@
 
 # %% ../nbs/13_cli.ipynb #32f6f969
 from __future__ import annotations
-import argparse, contextlib, errno, json, os, re, sys, time
+import argparse, contextlib, errno, io, json, os, re, sys, time
 from pathlib import Path
 
 # %% auto #0
@@ -37,8 +37,11 @@ def positive_float(s: str) -> float:
     return v
 
 def threads_arg(s: str) -> int | str:
-    "argparse type: 'auto' or a number of torch threads >= 1."
-    return s if s == 'auto' else positive_int(s)
+    "argparse type: 'auto' or a count of threads or processes from 1 to the cores this process may use."
+    if s == 'auto': return s
+    from pe_anchors.core import check_threads
+    try: return check_threads(positive_int(s), 'the count')
+    except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
 
 def alpha_arg(s: str) -> float:
     "argparse type: a PE scale α, a finite number >= 0."
@@ -64,19 +67,24 @@ def check_device(device: str | None) -> str | None:
     if device == 'mps' and not torch.backends.mps.is_available(): raise UserError("--device mps: MPS is not available here")
     return device
 
-def _common(p: argparse.ArgumentParser, *, data: bool = True, device_help: str = "cpu, cuda, cuda:N (default: cuda if available)"):
+def _common(p: argparse.ArgumentParser, *, data: bool = True, workers: bool = False,
+            device_help: str = "cpu, cuda, cuda:N (default: cuda if available)"):
     if data:
         from pe_anchors.data import DATASETS, DATA_PATH_ENV, takes_path
         p.add_argument('--data', default=None, help=f"{', '.join(DATASETS)} (default digits), or a dataset folder / .npz path")
         p.add_argument('--data-path', help=f"where {' / '.join(n for n in DATASETS if takes_path(n))} live (a folder, or a "
                        f"packed .npz for cifar10; default: {', '.join(f'${v} for {k}' for k, v in DATA_PATH_ENV.items())})")
     p.add_argument('--device', type=device_arg, help=device_help)
-    _threads_opt(p)
+    _threads_opt(p, workers)
     p.add_argument('--quiet', action='store_true', help='no progress output')
 
-def _threads_opt(p: argparse.ArgumentParser):
-    p.add_argument('--threads', type=threads_arg, default='auto', metavar='N',
-                   help="torch threads on the CPU (default auto: the cores other processes leave free, checked at start and each epoch)")
+def _threads_opt(p: argparse.ArgumentParser, workers: bool = False):
+    p.add_argument('--threads', type=threads_arg, default=None, metavar='N',
+                   help="torch threads of each run on the CPU, fixed for its whole life (default 1, or what a resumed run "
+                        "recorded; auto: the cores free at its start): the same numbers however busy the machine is")
+    if workers: p.add_argument('--workers', type=threads_arg, default='auto', metavar='N',
+                               help="runs trained at once, each in its own process (default auto: one per core other "
+                                    "processes leave free; 1 on a GPU)")
 
 def _run_opts(p: argparse.ArgumentParser, many: bool):
     "Options of commands that train: conditions, seeds, epochs, callbacks, restart."
@@ -132,6 +140,21 @@ def _out_dir(path: str) -> Path:
     if p.exists() and not p.is_dir(): raise UserError(f"--out {p} is a file: give a directory (it is made if missing)")
     return p
 
+_PATH_OPTIONS = {'out': '--out', 'dest': '--dest', 'dir': 'the folder'}   # the options that name where a command writes
+
+def _check_names(a):
+    "Refuse, before anything runs, a path a command writes to with a name longer than its file system allows."
+    for opt, label in _PATH_OPTIONS.items():
+        v = getattr(a, opt, None)
+        if not v: continue
+        p = Path(v).absolute()
+        base = next(q for q in [p, *p.parents] if os.path.exists(q))         # (False, never an error, for a long name)
+        try: most = os.pathconf(base, 'PC_NAME_MAX')
+        except (OSError, ValueError, AttributeError): most = 255
+        long = next((part for part in p.parts if len(os.fsencode(part)) > most), None)
+        if long: raise UserError(f"{label} {str(v)[:40]}...: a name in it is {len(os.fsencode(long))} bytes long, more than this "
+                                 f"file system allows ({most}): give a shorter one")
+
 def _experiment_out(path: str) -> Path:
     "`--out` of a command that runs an experiment: a directory that is not a run (of this or another experiment)."
     from pe_anchors.rundir import find_run
@@ -142,23 +165,22 @@ def _experiment_out(path: str) -> Path:
                                         + (f" ({run.path.parent.parent})" if run.path.parent.name == 'runs' else ''))
     return p
 
-def _threads(a) -> int | str:
-    "Set torch's threads for a computing command; print a one-line hint when other processes keep cores busy."
+def _threads(a) -> int | str | None:
+    """Set torch's threads for a computing command: `--threads N`, `auto` (the cores free now), else one; what the run
+    itself is given (None: one, or what a resumed run recorded). One line when other processes keep cores busy."""
     from pe_anchors.core import auto_threads, busy_cores, set_threads
     hint = not getattr(a, 'quiet', False) and (os.environ.get('PE_ANCHORS_LOAD_HINT') == '1' or (
         'PYTEST_CURRENT_TEST' not in os.environ and os.environ.get('PE_ANCHORS_QUIET', '0') != '1'))
     busy = busy_cores() if (a.threads == 'auto' or hint) else 0.
-    n = set_threads(auto_threads(busy) if a.threads == 'auto' else a.threads)
-    if hint and busy >= .5: print(load_hint(busy, n, a.threads == 'auto'), file=sys.stderr, flush=True)
+    n = set_threads(auto_threads(busy) if a.threads == 'auto' else a.threads or 1)
+    if hint and busy >= .5: print(load_hint(busy, n), file=sys.stderr, flush=True)
     return a.threads
 
-def load_hint(busy: float, threads: int, auto: bool) -> str:
+def load_hint(busy: float, threads: int) -> str:
     "The one line printed at start when other processes keep `busy` cores busy."
     from pe_anchors.core import usable_cores
-    what = f"pe_anchors: {busy:.1f} of {usable_cores()} cores are busy with other processes"
-    if auto: return f"{what}; torch uses {threads} thread(s) and follows the load each epoch (--threads N fixes it)"
-    return (f"{what}; with --threads {threads} every torch operation waits for the busy cores (several times slower): "
-            "--threads auto uses the free ones")
+    return (f"pe_anchors: {busy:.1f} of {usable_cores()} cores are busy with other processes; each run keeps its {threads} "
+            "torch thread(s) (the same numbers, more slowly)")
 
 def _print_verdicts(results):
     "The report's verdicts, then each condition's ΔSSDC and peak RPI-SSDC (where anchoring forms)."
@@ -187,7 +209,7 @@ def cmd_demo(a):
           f"  {hardware_info(device)}", flush=True)
     t = time.perf_counter()
     df = run_experiment(exp, out, device=device, show=False if a.quiet else None, verbose=not a.quiet, restart=a.restart,
-                        extra_callbacks=extra, threads=threads)
+                        extra_callbacks=extra, threads=threads, workers=a.workers)
     report = write_report(out)
     print(f"\ndone in {(time.perf_counter() - t) / 60:.1f} min. Verdicts (digits, {len(exp.seeds)} seed(s); the paper used "
           "ImageNet-100 and 4 seeds):")
@@ -271,7 +293,7 @@ def cmd_sweep(a):
     exp, extra = _load_experiment(a.config, a)
     out, device = _experiment_out(a.out), check_device(a.device)
     df = run_experiment(exp, out, shard=a.shard, device=device, show=False if a.quiet else None, verbose=not a.quiet,
-                        restart=a.restart, extra_callbacks=extra, threads=_threads(a))
+                        restart=a.restart, extra_callbacks=extra, threads=_threads(a), workers=a.workers)
     print(f"{df[['condition', 'seed']].drop_duplicates().shape[0]} finished run(s), {len(df)} rows in {ExperimentDir(out).results}")
     if len(df):
         from pe_anchors.tables import rpi_summary
@@ -302,35 +324,61 @@ def cmd_export(a):
           f" push it with huggingface_hub's upload_folder")
 
 def cmd_study(a):
-    "Ask an experiment's kept models again (a results folder or experiment directory): `--mech` (probes, RoPE knockouts, SAEs), `--corruptions` (CIFAR-10-C), `--resolution` (larger test sizes)."
-    if not (a.mech or a.corruptions or a.resolution): raise UserError("say what to study: --mech, --corruptions and/or --resolution")
+    "Ask an experiment's kept models again (a results folder or experiment directory): `--mech` (probes, RoPE knockouts, SAEs), `--corruptions` (CIFAR-10-C), `--resolution` (larger test sizes), `--signal` (the position signal at block 0), `--padding` (a PEG's padding), `--trajectory` (along training, from `--cbs snapshots`)."
+    asked = [k for k in ('mech', 'corruptions', 'resolution', 'signal', 'padding', 'trajectory') if getattr(a, k)]
+    if not asked: raise UserError("say what to study: --mech, --corruptions, --resolution, --signal, --padding and/or --trajectory")
     from pe_anchors.rundir import ExperimentDir, find_experiment
     p = find_experiment(a.path).path                                  # the directory (a run given: one line naming its experiment)
     out = ExperimentDir(_out_dir(a.out or p))                        # its tables go where an experiment's analyses go
     _threads(a)
     device, show = check_device(a.device), False if a.quiet else None
-    kw = dict(conditions=a.conditions, seeds=a.seeds, data_path=a.data_path, device=device)
+    kw = dict(conditions=a.conditions, seeds=a.seeds, data_path=a.data_path, device=device, restart=a.restart)
+    done = lambda name: print(f"rows in {out.table(name)} (models measured with these settings before were not measured again)")
     if a.mech:
         from pe_anchors.mech.study import mech_study
         tabs = mech_study(p, out.mech, show_progress=show, **{**kw, 'conditions': a.conditions or ('ape', 'spe', 'rope', 'nope')})
         print(f"mechanisms: {', '.join(f'{k} ({len(v)} rows)' for k, v in tabs.items())} in {out.mech}")
     if a.corruptions:
-        from pe_anchors.shift_study import corruption_study, corruption_summary
-        cc = corruption_study(p, n_images=a.images, show_progress=show, out=out.table('cifar10c'), **kw)
-        print(corruption_summary(cc).round(3).to_string()); print(f"rows in {out.table('cifar10c')} (models it already held were not measured again)")
+        from pe_anchors.shift_study import corruption_study
+        from pe_anchors.causal import corruption_summary
+        cc = corruption_study(p, n_images=a.images, show_progress=show, out=out.path, **kw)
+        print(corruption_summary(cc).round(3).to_string()); done('cifar10c')
     if a.resolution:
+        _check_sizes(p, a.sizes)                                     # before anything is measured or written
         from pe_anchors.shift_study import resolution_study
-        rs = resolution_study(p, sizes=a.sizes, ssdc=not a.no_ssdc, show_progress=show, out=out.table('resolution'), **kw)
+        rs = resolution_study(p, sizes=a.sizes, ssdc=not a.no_ssdc, show_progress=show, out=out.path, **kw)
         acc = rs[rs.metric == 'acc'].groupby(['condition', 'rule', 'size'])['value'].mean().unstack('size')
-        print(acc.round(3).to_string()); print(f"rows in {out.table('resolution')} (models it already held were not measured again)")
+        print(acc.round(3).to_string()); done('resolution')
+    from pe_anchors.study import padding_study, run_study, signal_ratio_study, trajectory_study
+    for flag, st in (('signal', signal_ratio_study), ('padding', padding_study), ('trajectory', trajectory_study)):
+        if not getattr(a, flag): continue
+        t = run_study(st(), p, out.path, show_progress=show, **kw)
+        print(f"{st().name}: {t[['condition', 'seed']].drop_duplicates().shape[0]} model(s)"); done(st().name)
+
+def _check_sizes(path: Path, sizes: list[int]):
+    "Refuse test sizes whose images could not fit in this machine's memory (the dataset's estimate, `data.data_bytes`)."
+    from pe_anchors.config import experiment_of
+    from pe_anchors.data import data_bytes
+    from pe_anchors.sweep import ram_bytes
+    exp, ram = experiment_of(path), ram_bytes()
+    for s in sizes:
+        need = data_bytes(exp.data, **{**exp.data_kwargs, 'img_size': s})
+        if need is not None and ram is not None and need > ram:
+            raise UserError(f"--sizes {s}: the {exp.data} images at {s} px need about {need / 2**30:,.0f} GiB of memory and this "
+                            f"machine has {ram / 2**30:,.0f} GiB: give smaller sizes")
 
 def cmd_atlas(a):
-    "SSDC unpermuted and under RPI per block for timm checkpoints or trained runs on the same images: OUT/atlas.csv and atlas.png."
-    from pe_anchors.atlas import atlas
-    if not a.data_path: raise UserError("atlas needs --data-path: an image folder with train/ and val/ class folders, or a packed .npz")
+    "What the atlas measures in each model (family, position, taps, unpermuted SSDC, RPI or why not); with --data-path, SSDC per block or stage, unpermuted and (where defined) under RPI, on the same images: OUT/atlas.csv and atlas.png."
+    import pandas as pd
+    from pe_anchors.atlas import atlas, coverage_table
     _threads(a)
+    kw = dict(img_size=a.img_size, min_stride=a.min_stride or None)
+    cov = coverage_table(a.models, **kw)                              # names built at random initialisation: no download
+    with pd.option_context('display.max_colwidth', None, 'display.width', 10_000): print(cov.to_string(index=False))
+    if not a.data_path:
+        print("give --data-path (an image folder with train/ and val/ class folders, or a packed .npz) to measure them"); return
     df = atlas(a.models, a.data_path, n_images=a.images, n_perms=a.n_perms, pretrained=not a.random, out=a.out,
-               show_progress=False if a.quiet else None)
+               show_progress=False if a.quiet else None, **kw)
     last = df.sort_values('layer').groupby(['model', 'mode'])['value'].last().unstack()
     print(last.round(3).to_string()); print(f"table and figure in {a.out}/ (atlas.csv, atlas.png)")
 
@@ -367,7 +415,7 @@ class _Parser(argparse.ArgumentParser):
 def _opts_demo(s):
     s.add_argument('--out', default='pe_anchors_demo', help='experiment directory (default: ./pe_anchors_demo)')
     _run_opts(s, many=True)
-    _common(s, data=False, device_help='cpu (default), cuda, cuda:N')
+    _common(s, data=False, workers=True, device_help='cpu (default), cuda, cuda:N')
     s.set_defaults(data_path=None)
 
 def _opts_train(s):
@@ -410,7 +458,7 @@ def _opts_sweep(s):
     s.add_argument('--shard', help="'i/n' to run every n-th run from i, or 'auto' (torchrun / Slurm array variables)")
     _run_opts(s, many=True)
     s.add_argument('--data-path', help=f"where the data live (for {' / '.join(n for n in DATASETS if takes_path(n))} experiments)")
-    _common(s, data=False)
+    _common(s, data=False, workers=True)
 
 def _opts_report(s):
     s.add_argument('results', help='an experiment directory or its results.csv, or another results CSV (then --dest is needed)')
@@ -428,6 +476,10 @@ def _opts_study(s):
     s.add_argument('--mech', action='store_true', help='position probes with the content floor, RoPE knockouts and rebuild heads, SAEs')
     s.add_argument('--corruptions', action='store_true', help='every CIFAR-10-C corruption at its 5 severities')
     s.add_argument('--resolution', action='store_true', help='test sizes above the training grid (each PE by its own rule)')
+    s.add_argument('--signal', action='store_true', help='the position signal against the content at block 0 (trained and untrained)')
+    s.add_argument('--padding', action='store_true', help="each PEG model with its convolution padded otherwise")
+    s.add_argument('--trajectory', action='store_true', help='initialisation and each snapshot of runs trained with --cbs snapshots')
+    s.add_argument('--restart', action='store_true', help='measure every model again (needed to change a study\'s settings)')
     s.add_argument('--images', type=positive_int, default=2000, help='--corruptions: the stratified validation subset (default 2000)')
     s.add_argument('--sizes', type=positive_int, nargs='+', default=[32, 40, 48, 64], help='--resolution: test image sides')
     s.add_argument('--no-ssdc', action='store_true', help='--resolution: accuracy only (the SSDC curves at every size are the slow part)')
@@ -443,14 +495,17 @@ def _opts_atlas(s):
     import inspect
     from pe_anchors.atlas import atlas
     d = {k: v.default for k, v in inspect.signature(atlas).parameters.items()}
-    s.add_argument('models', nargs='+', help="timm model names (e.g. vit_base_patch16_224.augreg_in1k vit_base_patch16_rope_224.naver_in1k) or "
+    s.add_argument('models', nargs='+', help="timm model names, any family (e.g. vit_base_patch16_224.augreg_in1k hiera_tiny_224.mae_in1k_ft_in1k resnet50.a1_in1k) or "
                    "trained models: runs at any of their levels, Hub folders, .safetensors files")
-    s.add_argument('--data-path', help='image folder (train/<class>/*, val/<class>/*) or a packed .npz')
+    s.add_argument('--data-path', help='image folder (train/<class>/*, val/<class>/*) or a packed .npz; without it, only what would be measured')
     s.add_argument('--out', default='atlas', help='output directory (default: ./atlas)')
     s.add_argument('--images', type=positive_int, default=d['n_images'],
                    help=f"validation images, class-stratified (default {d['n_images']})")
     s.add_argument('--n-perms', type=positive_int, default=d['n_perms'], help=f"RPI permutation draws (default {d['n_perms']})")
     s.add_argument('--random', action='store_true', help='random weights instead of pretrained (no download)')
+    s.add_argument('--min-stride', type=int, default=d['min_stride'], metavar='N',
+                   help=f"timm feature maps finer than stride N are average-pooled to it (default {d['min_stride']}; 0: never)")
+    s.add_argument('--img-size', type=positive_int, help="the images' side (default: each model's own)")
     _threads_opt(s)
     s.add_argument('--quiet', action='store_true')
 
@@ -471,7 +526,7 @@ COMMANDS = {   # name: (one-line help, its options, the function it runs)
     'report': ("regenerate an experiment's figures, tables and verdicts", _opts_report, cmd_report),
     'export': ('write a finished run as a Hugging Face Hub folder with a model card', _opts_export, cmd_export),
     'study': ("ask an experiment's kept models again: mechanisms, CIFAR-10-C, test sizes", _opts_study, cmd_study),
-    'atlas': ('SSDC normal / RPI per block of timm checkpoints or trained runs (ViT, Eva, BEiT, Swin) on the same images', _opts_atlas, cmd_atlas),
+    'atlas': ('SSDC per block or stage, unpermuted and under RPI, of any timm model or trained run on the same images (and what is measured in each)', _opts_atlas, cmd_atlas),
     'bench': ('benchmarks (print their figures)', _opts_bench, cmd_bench),
 }
 
@@ -484,10 +539,14 @@ def parser(command: str | None = None, # build only this command's options ('' n
     p.add_argument('--debug', action='store_true', help='show tracebacks for every error')
     net = "allow downloads (pretrained or hf-hub: models, download=True data); without it nothing reaches the network"
     p.add_argument('--allow-network', action='store_true', help=net)
+    isa = ("the code paths of torch's CPU kernels (MKL, oneDNN, ATen): native (default: the widest this CPU has), avx2 "
+           "(the same on every AVX2 CPU) or compatible (the oldest); see core.CPU_ISA")
+    p.add_argument('--cpu-isa', metavar='ISA', help=isa)
     sub = p.add_subparsers(dest='command', metavar='COMMAND', required=True)
     for name, (help, opts, func) in COMMANDS.items():
         s = sub.add_parser(name, help=help, description=func.__doc__)
         s.add_argument('--allow-network', action='store_true', default=argparse.SUPPRESS, help=net)   # also after the command
+        s.add_argument('--cpu-isa', metavar='ISA', default=argparse.SUPPRESS, help=isa)
         if command is None or command == name: opts(s)
         s.set_defaults(func=func)
     return p
@@ -498,39 +557,75 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
     warnings.filterwarnings('ignore', message='.*torch.jit.script.* is deprecated')   # raised by timm's import, not ours
     argv = sys.argv[1:] if argv is None else list(argv)
-    a = parser(next((x for x in argv if not x.startswith('-')), '')).parse_args(argv)   # the command's options only
+    for stream in (sys.stdout, sys.stderr):               # a terminal that cannot show × ± ρ (an ASCII locale) shows ?
+        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation): stream.reconfigure(errors='replace')
+    isa = _option(argv, '--cpu-isa')
+    if isa:                                                 # before torch computes anything (checked below)
+        from pe_anchors.core import CPU_ISA
+        os.environ.update(CPU_ISA.get(isa, {}))
+    a = parser(next((x for x in argv if not x.startswith('-') and x != isa), '')).parse_args(argv)   # the command's options only
     from pe_anchors.core import NETWORK_ENV
-    before = os.environ.get(NETWORK_ENV)
+    before, shown = os.environ.get(NETWORK_ENV), warnings.showwarning
     if a.allow_network: os.environ[NETWORK_ENV] = '1'                   # the user's opt-in, for this command only
+    warnings.showwarning = lambda message, *_, **__: print(f"pe_anchors {a.command}: warning: {message}", file=sys.stderr)
     try:
+        _check_names(a)                                                 # every output path, before anything runs
+        if getattr(a, 'cpu_isa', None):
+            from pe_anchors.core import set_cpu_isa
+            set_cpu_isa(a.cpu_isa)
         a.func(a)
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume", file=sys.stderr); return 130
+    except BrokenPipeError:                                             # the reader left (`| head -1`): stop quietly
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing more to flush at exit
+        return 141
     except Exception as e:
-        disk = _disk_error(e)
-        if a.debug or not (isinstance(e, _user_errors()) or disk): raise
-        msg = disk or _reason(e)
+        if a.debug: raise
+        msg = _system_error(e, a) or (_reason(e) if isinstance(e, _user_errors()) else None)
+        if msg is None: raise
         print(f"pe_anchors {a.command}: error: {msg}", file=sys.stderr)
         return 2
     finally:
+        warnings.showwarning = shown                                    # (a warning is one line too)
         if a.allow_network and before is None: del os.environ[NETWORK_ENV]
         elif a.allow_network: os.environ[NETWORK_ENV] = before
 
+def _option(argv: list[str], name: str) -> str | None:
+    "The value of option `name` in `argv` (`--name V` or `--name=V`), read before the parser (which imports torch)."
+    for i, x in enumerate(argv):
+        if x == name and i + 1 < len(argv): return argv[i + 1]
+        if x.startswith(name + '='): return x.split('=', 1)[1]
+    return None
+
 def _reason(e: Exception) -> str:
     "The first line of an error's message, without fastai's 'Exception occured in `X` when calling event `Y`:' wrapper."
+    if isinstance(e, UnicodeError):
+        import locale
+        return (f"{e} (this system's text encoding is {locale.getpreferredencoding(False)}: set a UTF-8 locale, e.g. "
+                "LC_ALL=C.UTF-8, or PYTHONUTF8=1)")
     msg = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
     while msg.startswith('Exception occured in `') and '\n' in msg: msg = msg.split('\n', 1)[1].strip()
     return (msg.splitlines() or [type(e).__name__])[0]
 
-def _disk_error(e: BaseException) -> str | None:
-    "A one-line message when `e` (or what it wraps) is a full, over-quota or read-only disk; else None."
-    from pe_anchors.core import DISK_ERRORS
+_ADVICE = {errno.EROFS: "the disk is mounted read-only: write somewhere else, e.g. another --out",
+           errno.ENOSPC: "free some space or write somewhere else, e.g. another --out",
+           errno.EDQUOT: "free some space or write somewhere else, e.g. another --out",
+           errno.ENAMETOOLONG: "a name in it is longer than this file system allows: give a shorter one",
+           errno.EBUSY: "it is busy, a mount point or in use: give a folder inside it",
+           errno.ELOOP: "its symbolic links loop: give the real path",
+           errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+           errno.ENOMEM: "not enough memory: ask for less (fewer images, a smaller model or batch)"}
+
+def _system_error(e: BaseException, a=None) -> str | None:
+    """One line for an error of the file system or the machine (a full, read-only or busy disk, a name too long, ...),
+    `e` or what it wraps: what happened, the path (else the command's output folder) and what to do; else None."""
     for x in (e, e.__cause__, e.__context__):
-        if isinstance(x, OSError) and x.errno in DISK_ERRORS:
-            what = ("the disk is mounted read-only: write somewhere else" if x.errno == errno.EROFS else
-                    "free some space or write somewhere else")
-            return f"{x.strerror or os.strerror(x.errno)}: {x.filename or '?'} ({what}, e.g. another --out)"
+        if not isinstance(x, OSError) or x.errno not in _ADVICE: continue
+        where = x.filename or next((f"under {v}" for k in ('out', 'dest', 'dir') if (v := getattr(a, k, None))), 'here')
+        return f"{x.strerror or os.strerror(x.errno)}: {where} ({_ADVICE[x.errno]})"
     return None
 
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())   # python -m pe_anchors.cli (not in a notebook)
+

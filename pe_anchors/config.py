@@ -10,17 +10,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import (CONDITIONS, DOSE_CONDITIONS, FACTORIAL_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused, check_choice,
-                             check_offline, hub_name)
+from .core import (CONDITIONS, DOSE_CONDITIONS, FACTORIAL_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused,
+                             Recipe, check_choice, check_model_name, check_offline, recipe_changes)
 from .paper import PAPER_ALPHAS
 from .results import RPI_MODES
 from .data import DATASETS, cifar10, image_folder
-from .learner import CALLBACKS, Recipe, recipe_changes
+from .learner import CALLBACKS
 from .rundir import ExperimentDir
 
 # %% auto #0
-__all__ = ['SEED_MAX', 'SCHEMA', 'MODEL_SIZES', 'PRESETS', 'FACTORIAL_PLAN', 'ExperimentError', 'ExperimentTypeError', 'Rule',
-           'check_value', 'check_kwargs', 'check_fields', 'Experiment', 'preset', 'experiment_of']
+__all__ = ['SEED_MAX', 'ALPHA_MAX', 'SCHEMA', 'MODEL_SIZES', 'PRESETS', 'FACTORIAL_PLAN', 'ExperimentError',
+           'ExperimentTypeError', 'Rule', 'check_value', 'check_kwargs', 'check_fields', 'Experiment', 'preset',
+           'experiment_of']
 
 # %% ../nbs/09a_config.ipynb #5c4e7a11
 class ExperimentError(ValueError):
@@ -52,13 +53,14 @@ class Rule:
     none: bool = False               # the field may be None
 
 SEED_MAX = 2**32 - 1                 # numpy's seeds (fastai's set_seed seeds numpy too)
+ALPHA_MAX = 1e3                      # a PE scaled beyond this is no measurement (and soon not a finite number)
 SCHEMA = {
     'name': Rule('str', empty=False), 'data': Rule('str', empty=False), 'data_kwargs': Rule('dict'),
     'model': Rule('str', empty=False, none=True), 'model_kwargs': Rule('dict'),
     'conditions': Rule('list', 'str', empty=False), 'seeds': Rule('list', 'int', lo=0, hi=SEED_MAX, empty=False),
     'recipe': Rule('str'), 'train_kwargs': Rule('dict'), 'ssdc_images': Rule('int', lo=2),
     'sample_seed': Rule('int', lo=0, hi=SEED_MAX), 'n_perms': Rule('int', lo=1), 'rpi_mode': Rule('str'),
-    'untrained': Rule('bool'), 'alphas': Rule('list', 'number', lo=0), 'alpha_conditions': Rule('list', 'str'),
+    'untrained': Rule('bool'), 'alphas': Rule('list', 'number', lo=0, hi=ALPHA_MAX), 'alpha_conditions': Rule('list', 'str'),
     'severities': Rule('bool'), 'shift_ref_size': Rule('int', lo=1), 'eval_bs': Rule('int', lo=1),
     'callbacks': Rule('list', 'str'),
 }
@@ -154,10 +156,8 @@ class Experiment:
     def validate(self):
         "Check every field (types and ranges: `check_fields`; names: conditions, RPI mode, callbacks), with errors that say what to fix."
         check_fields({f.name: getattr(self, f.name) for f in fields(self)})
-        if hub_name(self.model):
-            check_offline(f"the model {self.model} (its config and weights, from the Hugging Face Hub) would be downloaded", 'model')
-        if self.model_kwargs.get('pretrained'):
-            check_offline(f"the pretrained weights of {self.model or 'the default model'} would be downloaded", 'model_kwargs.pretrained')
+        pretrained = bool(self.model_kwargs.get('pretrained'))
+        check_model_name(self.model, pretrained, 'model_kwargs.pretrained' if pretrained else 'model')   # the one network gate
         if self.data_kwargs.get('download'): check_offline(f"the {self.data} dataset would be downloaded", 'data_kwargs.download')
         for c in list(self.conditions) + list(self.alpha_conditions): check_choice('condition', c, CONDITIONS)
         check_choice('RPI mode', self.rpi_mode, RPI_MODES)
@@ -185,8 +185,8 @@ class Experiment:
         path = Path(path)
         d = self.to_dict()
         if path.suffix in ('.yaml', '.yml'):
-            import yaml; path.write_text(yaml.safe_dump(d, sort_keys=False))
-        else: path.write_text(json.dumps(d, indent=2))
+            import yaml; path.write_text(yaml.safe_dump(d, sort_keys=False, allow_unicode=True), encoding='utf-8')
+        else: path.write_text(json.dumps(d, indent=2), encoding='utf-8')
         return path
 
     @classmethod
@@ -195,11 +195,14 @@ class Experiment:
         if isinstance(path, str) and path in PRESETS: return preset(path, **overrides)
         path = Path(path)
         if not path.exists(): raise FileNotFoundError(f"no experiment file at {path} (or a preset: {', '.join(PRESETS)})")
-        if path.suffix in ('.yaml', '.yml'):
-            import yaml; d = yaml.safe_load(path.read_text())
-        else:
-            try: d = json.loads(path.read_text()) if path.read_text().strip() else None
-            except json.JSONDecodeError as e: raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        text = path.read_text(encoding='utf-8')
+        try:
+            if path.suffix in ('.yaml', '.yml'):
+                import yaml; d = yaml.safe_load(text)
+            else: d = json.loads(text) if text.strip() else None
+        except json.JSONDecodeError as e: raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError: raise ValueError(f"{path} is nested too deeply to read: an experiment file is a mapping of "
+                                                "fields, a few levels deep") from None
         if d is None: raise ValueError(f"{path} is empty: an experiment file holds a mapping of fields (name: value)")
         if not isinstance(d, dict):
             raise ValueError(f"{path} must hold a mapping of fields (name: value), got a {type(d).__name__}: {str(d)[:40]!r}")

@@ -5,6 +5,7 @@
 # %% ../nbs/00_core.ipynb #0735d258
 from __future__ import annotations
 import errno, json, math, os, platform, sys, tempfile, time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -14,11 +15,13 @@ from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
 __all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'FACTORIAL_SHUFFLES',
-           'FACTORIAL_SCALES', 'FACTORIAL', 'FACTORIAL_CONDITIONS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS',
-           'PADDING_MODES', 'DISK_ERRORS', 'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'NetworkRefused',
-           'check_offline', 'hub_name', 'image_rng', 'image_perms', 'condition_spec', 'condition_model_kwargs',
-           'condition_label', 'condition_order', 'show_progress', 'pbar', 'default_device', 'cpu_name', 'hardware_info',
-           'code_version', 'usable_cores', 'cpu_snapshot', 'busy_cores', 'auto_threads', 'set_threads', 'run_perm_seed',
+           'FACTORIAL_SCALES', 'FACTORIAL', 'FACTORIAL_CONDITIONS', 'RECIPES', 'CPU_ISA', 'CPU_ISA_ENV',
+           'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS', 'PADDING_MODES', 'DISK_ERRORS', 'grid_hw', 'grid_coords',
+           'check_choice', 'check_finite', 'NetworkRefused', 'check_offline', 'model_source', 'hub_name',
+           'check_model_name', 'image_rng', 'image_perms', 'condition_spec', 'condition_model_kwargs',
+           'condition_label', 'condition_order', 'Recipe', 'recipe_changes', 'show_progress', 'pbar', 'usable_cores',
+           'cpu_snapshot', 'busy_cores', 'free_cores', 'auto_threads', 'check_threads', 'set_threads', 'default_device',
+           'cpu_name', 'hardware_info', 'code_version', 'cpu_info', 'set_cpu_isa', 'run_perm_seed', 'env_int',
            'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic', 'current_umask', 'read_json',
            'disk_error']
 
@@ -69,9 +72,39 @@ def check_offline(what: str,              # what would reach the network: "the w
     raise NetworkRefused(f"{where + ': ' if where else ''}{what}, and this library stays offline unless asked: pass "
                          f"--allow-network (or set {NETWORK_ENV}=1) to allow it")
 
+def model_source(name: str) -> tuple[str | None, str]:
+    "Where timm takes model `name` from, as timm itself reads it (`parse_model_name`): `('hf-hub' | 'local-dir' | None, id)`."
+    from timm.models import parse_model_name
+    try: return parse_model_name(name)
+    except (ValueError, AssertionError) as e: raise ValueError(f"model {name!r}: {e}") from None
+
 def hub_name(name) -> bool:
-    "Whether a timm model name is fetched from the Hugging Face Hub (`hf-hub:` / `hf_hub:`)."
-    return isinstance(name, str) and name.startswith(('hf-hub:', 'hf_hub:'))
+    "Whether timm fetches model `name` from the Hugging Face Hub, in any spelling it accepts (`hf-hub:`, `HF_HUB:`, ...)."
+    if not isinstance(name, str): return False
+    try: return model_source(name)[0] == 'hf-hub'
+    except ValueError: return False                       # not a name timm reads: timm refuses it, offline
+
+def check_model_name(name: str | None,             # a timm model name, in any spelling timm accepts (None: the default model)
+                     pretrained: bool = False,     # whether its pretrained weights are asked for
+                     where: str = '',              # the file, option or field that names it
+                    ) -> str | None:
+    """The one gate of every place that names a model. Read as timm reads it (`model_source`), a name timm would fetch
+    from the Hub, or the pretrained weights of a registry name (a tag such as `.augreg_in1k` included), is refused at
+    once unless the user allowed the network (a `local-dir:` folder stays local); a registry name timm does not know is
+    refused too. Returns timm's source of the name."""
+    if name is None:
+        if pretrained: check_offline("the pretrained weights of the default model would be downloaded", where)
+        return None
+    source = model_source(name)[0]
+    if source == 'hf-hub': check_offline(f"the model {name} (its config and weights, from the Hugging Face Hub) would be downloaded", where)
+    elif source is None:
+        import timm
+        if not timm.is_model(name):
+            raise ValueError(f"{where + ': ' if where else ''}unknown model {name!r}: not a timm model name (see timm.list_models(); "
+                             "this library's own are pe_vit_*, e.g. pe_vit_nano_patch2_16)")
+        if pretrained: check_offline(f"the pretrained weights of {name} would be downloaded", where)
+    return source
+
 
 # %% ../nbs/00_core.ipynb #78ce04d9
 def image_rng(seed: int, index: int) -> np.random.Generator:
@@ -142,6 +175,43 @@ def condition_order(conditions: Iterable[str]) -> list[str]:
     "Sort condition keys in the paper's order (`PAPER_CONDITIONS`), extensions after, alphabetically."
     return sorted(set(conditions), key=lambda c: (PAPER_CONDITIONS.index(c) if c in PAPER_CONDITIONS else 99, c))
 
+# %% ../nbs/00_core.ipynb #fdb61f45
+@dataclass
+class Recipe:
+    "Training hyper-parameters and implementation switches (see `RECIPES`)."
+    epochs: int = 60
+    bs: int = 128                       # per process
+    lr: float = 1e-3
+    wd: float = 5e-2
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    opt: str = 'adamw'                  # 'adamw' (decoupled weight decay) or 'adam' (coupled L2, torch Adam)
+    label_smoothing: float = 0.1
+    pct_start: float = 5 / 60           # one-cycle warmup fraction
+    div: float = 25.                    # start lr = lr / div
+    div_final: float = 1e4              # final lr = lr / div_final
+    moms: tuple | None = (0.9, 0.9, 0.9)  # beta1 over the cycle (None: fastai's (0.95, 0.85, 0.95))
+    aug: str | None = None              # pe_anchors.data.AUGS (None: the dataset's default)
+    mixup: dict | None = None           # timm Mixup kwargs (None: off, 'deit' aug turns it on)
+    fused: bool | None = None           # fused AdamW (None: on CUDA)
+    bf16: bool = False                  # bf16 autocast (CUDA only)
+    channels_last: bool = False         # CUDA only
+    compile: bool = False               # torch.compile the model (in place, state-dict keys unchanged)
+    pe_lr_mult: float = 1.              # learning rate of the position parameters (PE module) relative to lr
+    model_style: str = 'timm'           # pe_vit models: 'timm' or 'released' init and dropout sites (vit.MODEL_STYLES)
+
+RECIPES = {
+    'paper': Recipe(model_style='released'),
+    'fast': Recipe(pct_start=0.25, moms=None, bf16=True, channels_last=True),
+}
+RECIPES['digits'] = replace(RECIPES['fast'], epochs=12, bs=32, lr=2e-3, pe_lr_mult=20)   # the digits preset's: minutes on a CPU
+
+def recipe_changes(name: str, base: str = 'fast') -> dict:
+    "The fields in which recipe `name` differs from recipe `base`: what an experiment's `train_kwargs` say over its `recipe`."
+    a, b = asdict(RECIPES[check_choice('recipe', name, RECIPES)]), asdict(RECIPES[check_choice('recipe', base, RECIPES)])
+    return {k: v for k, v in a.items() if v != b[k]}
+
+
 # %% ../nbs/00_core.ipynb #c8f41144
 def show_progress(show: bool | None = None) -> bool:
     "Resolve a `show` argument: `None` means 'when interactive' (a notebook or a terminal) unless `PE_ANCHORS_QUIET=1`."
@@ -155,43 +225,6 @@ def pbar(it: Iterable, total: int | None = None, show: bool | None = None, comme
     pb = progress_bar(it, total=total, parent=parent, leave=False)
     pb.comment = comment
     return pb
-
-# %% ../nbs/00_core.ipynb #f81666da
-def default_device(device: str | torch.device | None = None) -> torch.device:
-    "`device` as a torch device; None: CUDA if available, else the CPU."
-    return torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-
-def cpu_name() -> str:
-    "The CPU's model name (from /proc/cpuinfo on Linux), else the platform's processor or machine type."
-    try:
-        for line in Path('/proc/cpuinfo').read_text().splitlines():
-            if line.lower().startswith('model name'): return line.split(':', 1)[1].strip()
-    except OSError: pass
-    return platform.processor() or platform.machine()
-
-def hardware_info(device: torch.device | str | None = None) -> str:
-    "One line naming the accelerator (or CPU model), core count and software versions, for reports and benchmarks."
-    device = default_device(device)
-    if device.type == 'cuda': what = f"GPU {torch.cuda.get_device_name(device)}"
-    else: what = f"CPU {cpu_name()} {platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
-    return f"{what}; Python {platform.python_version()}, torch {torch.__version__}"
-
-def code_version() -> dict:
-    "The pe_anchors version that runs and, when its source is a git checkout, the commit (`dirty`: the package changed since)."
-    import subprocess
-    from importlib.metadata import version, PackageNotFoundError
-    try: out = dict(version=version('pe_anchors'))
-    except PackageNotFoundError: out = dict(version='unknown')
-    import pe_anchors
-    root = Path(pe_anchors.__file__).resolve().parent
-    def git(*args):
-        r = subprocess.run(['git', '-C', str(root), *args], capture_output=True, text=True, timeout=10)
-        return r.stdout.strip() if r.returncode == 0 else None
-    try:
-        commit = git('rev-parse', 'HEAD')
-        if commit: out.update(commit=commit, dirty=bool(git('status', '--porcelain', '--', str(root))))
-    except (OSError, subprocess.SubprocessError): pass
-    return out
 
 # %% ../nbs/00_core.ipynb #1b5d73c3
 def _cpus() -> list[int]:
@@ -231,16 +264,98 @@ def busy_cores(since: tuple | None = None, window: float = 0.2) -> float:
     if ticks <= 0: return 0.
     return max(0., min(float(a[3]), (b[1] - a[1] - (b[2] - a[2])) * a[3] / ticks))
 
-def auto_threads(busy: float | None = None) -> int:
-    "torch threads that leave the cores other processes use alone: usable cores − round(busy), at least 1, at most torch's default."
+def free_cores(busy: float | None = None) -> int:
+    "The cores other processes leave free (usable cores − round(`busy`), measured when not given), at least 1."
     busy = busy_cores() if busy is None else busy
-    return max(1, min(_TORCH_THREADS, usable_cores() - int(round(busy))))
+    return max(1, usable_cores() - int(round(busy)))
+
+def auto_threads(busy: float | None = None) -> int:
+    "torch threads that leave the cores other processes use alone: `free_cores`, at most torch's default."
+    return min(_TORCH_THREADS, free_cores(busy))
+
+def check_threads(n, what: str = 'threads') -> int:
+    "A thread or process count: a whole number from 1 to the cores this process may use (more only wait for each other)."
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{what} must be a whole number >= 1, got {n!r}")
+    if n > usable_cores():
+        raise ValueError(f"{what} {n} is more than the {usable_cores()} core(s) this process may use: give at most {usable_cores()}")
+    return int(n)
 
 def set_threads(n: int) -> int:
-    "Set torch's intra-op threads to `n` (>= 1); returns it."
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1: raise ValueError(f"threads must be an int >= 1, got {n!r}")
-    torch.set_num_threads(n)
-    return n
+    "Set torch's intra-op threads to `n` (checked: `check_threads`); returns it."
+    torch.set_num_threads(check_threads(n))
+    return int(n)
+
+
+# %% ../nbs/00_core.ipynb #f81666da
+def default_device(device: str | torch.device | None = None) -> torch.device:
+    "`device` as a torch device; None: CUDA if available, else the CPU."
+    return torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+
+def cpu_name() -> str:
+    "The CPU's model name (from /proc/cpuinfo on Linux), else the platform's processor or machine type."
+    try:
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.lower().startswith('model name'): return line.split(':', 1)[1].strip()
+    except OSError: pass
+    return platform.processor() or platform.machine()
+
+def hardware_info(device: torch.device | str | None = None) -> str:
+    "One line naming the accelerator (or CPU model), core count and software versions, for reports and benchmarks."
+    device = default_device(device)
+    if device.type == 'cuda': what = f"GPU {torch.cuda.get_device_name(device)}"
+    else: what = f"CPU {cpu_name()} {platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    return f"{what}; Python {platform.python_version()}, torch {torch.__version__}"
+
+def code_version() -> dict:
+    "The pe_anchors version that runs and, when its source is a git checkout, the commit (`dirty`: the package changed since)."
+    import subprocess
+    from importlib.metadata import version, PackageNotFoundError
+    try: out = dict(version=version('pe_anchors'))
+    except PackageNotFoundError: out = dict(version='unknown')
+    import pe_anchors
+    root = Path(pe_anchors.__file__).resolve().parent
+    def git(*args):
+        r = subprocess.run(['git', '-C', str(root), *args], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else None
+    try:
+        commit = git('rev-parse', 'HEAD')
+        if commit: out.update(commit=commit, dirty=bool(git('status', '--porcelain', '--', str(root))))
+    except (OSError, subprocess.SubprocessError): pass
+    return out
+CPU_ISA = {   # the code paths of torch's CPU kernels: MKL's BLAS, oneDNN's convolutions, ATen's own vectorised kernels
+    'native': {},
+    'avx2': dict(MKL_CBWR='AVX2', ONEDNN_MAX_CPU_ISA='AVX2', DNNL_MAX_CPU_ISA='AVX2', ATEN_CPU_CAPABILITY='avx2'),
+    'compatible': dict(MKL_CBWR='COMPATIBLE', ONEDNN_MAX_CPU_ISA='SSE41', DNNL_MAX_CPU_ISA='SSE41', ATEN_CPU_CAPABILITY='default'),
+}
+CPU_ISA_ENV = tuple(dict.fromkeys(k for env in CPU_ISA.values() for k in env))
+
+def cpu_info() -> dict:
+    """The CPU a run computes on, as its records state it: vendor and model, the cores this process may use, torch's
+    threads, torch's CPU capability (the vector instructions its own kernels use), the BLAS and oneDNN torch was built
+    with, and the variables that pin their code paths (`CPU_ISA_ENV`), where set."""
+    import re
+    vendor = ''
+    try: vendor = next((l.split(':', 1)[1].strip() for l in Path('/proc/cpuinfo').read_text().splitlines()
+                        if l.lower().startswith('vendor_id')), '')
+    except OSError: pass
+    cfg = torch.__config__.show()
+    find = lambda pattern: (m.group(1) if (m := re.search(pattern, cfg)) else None)
+    return dict(vendor=vendor or None, model=cpu_name(), machine=platform.machine(), cores=usable_cores(),
+                threads=torch.get_num_threads(), capability=torch.backends.cpu.get_cpu_capability(),
+                blas=find(r'BLAS_INFO=(\w+)'), mkl=find(r'Math Kernel Library Version ([\w.]+)'),
+                onednn=find(r'MKL-DNN v([\w.]+)'), env={k: os.environ[k] for k in CPU_ISA_ENV if k in os.environ})
+
+def set_cpu_isa(name: str) -> str:
+    """Pin the code paths of torch's CPU kernels to `CPU_ISA[name]` (for numbers that do not depend on which vector
+    instructions a CPU has) before anything computes; refused, in one line, when torch's kernels have chosen already."""
+    env = CPU_ISA[check_choice('CPU instruction set', name, CPU_ISA)]
+    os.environ.update(env)
+    cap, want = torch.backends.cpu.get_cpu_capability(), env.get('ATEN_CPU_CAPABILITY')
+    if want and cap.lower() != want:
+        raise ValueError(f"cpu isa {name!r}: torch's CPU kernels already use {cap} (set it before anything computes, in a "
+                         f"new process: {' '.join(f'{k}={v}' for k, v in env.items())}), or this CPU lacks {want}")
+    return cap
 
 
 # %% ../nbs/00_core.ipynb #1fe0ef6f
@@ -251,6 +366,22 @@ PADDING_MODES = ('zeros', 'circular', 'reflect', 'replicate')   # torch's Conv2d
 def run_perm_seed(seed: int) -> int:
     "The permutation seed of run `seed`'s first RPI draw (draw k uses it + k): one seed's runs share their draws, other seeds never do."
     return 1000 * int(seed)
+
+def env_int(name: str,                 # the environment variable (WORLD_SIZE, RANK, SLURM_ARRAY_TASK_ID, ...)
+            default: int | None = None,   # its value when unset (None: it must be set)
+            lo: int | None = None, hi: int | None = None,   # the range it must lie in
+           ) -> int:
+    "A whole number from the environment, checked, with a one-line error naming the variable, its value and its range."
+    raw = os.environ.get(name)
+    span = (f"{lo}..{hi}" if hi is not None else f">= {lo}") if lo is not None else 'any whole number'
+    if raw is None or not raw.strip():
+        if default is None: raise ValueError(f"the environment variable {name} is not set (a whole number, {span})")
+        return default
+    try: v = int(raw.strip())
+    except ValueError: raise ValueError(f"the environment variable {name}={raw!r} is not a whole number ({span}): fix or unset it") from None
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ValueError(f"the environment variable {name}={raw.strip()} is outside {span}: fix or unset it")
+    return v
 
 def dist_info() -> tuple[int, int]:
     "(rank, world size) of the torch.distributed process group, (0, 1) outside one."
@@ -283,11 +414,12 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
     try:
         with os.fdopen(fd, 'wb') as f:
-            f.write(data.encode() if isinstance(data, str) else data); f.flush(); os.fsync(f.fileno())
+            f.write(data.encode('utf-8') if isinstance(data, str) else data); f.flush(); os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp): os.remove(tmp)
+        if isinstance(e, OSError) and e.errno and not e.filename: raise OSError(e.errno, e.strerror, str(path)) from e   # named
         raise
     return path
 
@@ -298,9 +430,12 @@ def current_umask() -> int:
 def read_json(path: str | Path) -> dict:
     "Parse a JSON file, naming it in the error when it is empty, torn or not JSON."
     path = Path(path)
-    try: return json.loads(path.read_text())
+    try: return json.loads(path.read_text(encoding='utf-8'))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is damaged ({e.msg} at line {e.lineno}); delete it to recompute it") from None
+    except (RecursionError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is damaged ({'nested too deeply' if isinstance(e, RecursionError) else 'not UTF-8 text'}); "
+                         "delete it to recompute it") from None
 
 DISK_ERRORS = {errno.ENOSPC: 'No space left on device', errno.EDQUOT: 'Disk quota exceeded', errno.EROFS: 'Read-only file system'}
 

@@ -19,13 +19,13 @@ from .robustness import Shift, check_images, jpeg_roundtrip
 
 # %% auto #0
 __all__ = ['CORRUPTIONS_VERSION', 'CORRUPTIONS', 'CIFAR_C_NAMES', 'EXTRA_NAMES', 'SEVERITY_LEVELS', 'FROST_FILES',
-           'CORRUPTION_FUNCTIONS', 'corruption_table', 'corruption_rng', 'to_unit', 'to_uint8', 'gaussian_noise',
-           'shot_noise', 'impulse_noise', 'speckle_noise', 'blur_hw', 'gaussian_blur', 'disk_kernel', 'defocus_blur',
-           'glass_positions', 'glass_blur', 'motion_kernel', 'motion_blur_images', 'motion_blur', 'zoom_matrix',
-           'clipped_zoom', 'zoom_factors', 'zoom_blur', 'snow', 'frost_images', 'frost_digest', 'frost',
-           'plasma_fractal', 'fog', 'rgb_to_hsv', 'hsv_to_rgb', 'brightness', 'contrast', 'saturate', 'pixelate',
-           'jpeg_compression', 'affine_from_points', 'elastic_transform', 'spatter', 'check_corruption', 'corrupt',
-           'Corruption', 'available_corruptions', 'cifar_c_shifts', 'sample_photos']
+           'FROST_INSTALL', 'CORRUPTION_FUNCTIONS', 'corruption_table', 'corruption_rng', 'to_unit', 'to_uint8',
+           'gaussian_noise', 'shot_noise', 'impulse_noise', 'speckle_noise', 'blur_hw', 'gaussian_blur', 'disk_kernel',
+           'defocus_blur', 'glass_positions', 'glass_blur', 'motion_kernel', 'motion_blur_images', 'motion_blur',
+           'zoom_matrix', 'clipped_zoom', 'zoom_factors', 'zoom_blur', 'snow', 'default_frost_dir', 'frost_folder',
+           'frost_images', 'frost_digest', 'frost', 'plasma_fractal', 'fog', 'rgb_to_hsv', 'hsv_to_rgb', 'brightness',
+           'contrast', 'saturate', 'pixelate', 'jpeg_compression', 'affine_from_points', 'elastic_transform', 'spatter',
+           'check_corruption', 'corrupt', 'Corruption', 'available_corruptions', 'cifar_c_shifts', 'sample_photos']
 
 # %% ../nbs/08a_corruptions.ipynb #4ece5ee0
 CORRUPTIONS_VERSION = 1          # bump when an implementation changes its output (it keys the cached sets)
@@ -62,7 +62,8 @@ CORRUPTIONS = {
                    status='written out', note=_MAGICK + " for the snow layer; OpenCV's RGB2GRAY weights"),
     'frost': _entry('weather', [(1, .2), (1, .3), (.9, .4), (.85, .4), (.75, .45)],
                     '(weight of the image, weight of a frost photograph)', status='needs frost images',
-                    note="needs the reference's photographs frost1.png .. frost5.jpg (pass frost_dir); decoded "
+                    note="the reference's photographs frost1.png .. frost5.jpg, from the imagecorruptions package "
+                         "(the `corruptions` extra) or frost_dir; decoded "
                          "with PIL, shrunk as OpenCV's resize(fx=fy=.2) samples them"),
     'fog': _entry('weather', [(.2, 3), (.5, 3), (.75, 2.5), (1, 2), (1.5, 1.75)],
                   '(fog strength, decay of the plasma fractal)'),
@@ -265,6 +266,22 @@ def snow(x: np.ndarray, c, rngs) -> np.ndarray:
 
 # %% ../nbs/08a_corruptions.ipynb #4e78c682
 FROST_FILES = ('frost1.png', 'frost2.png', 'frost3.png', 'frost4.jpg', 'frost5.jpg')   # the reference draws from these
+FROST_INSTALL = 'pip install "pe_anchors[corruptions]"'    # the optional extra that brings the photographs (imagecorruptions)
+
+def default_frost_dir() -> Path | None:
+    "The `frost/` folder of the installed `imagecorruptions` package (found, not imported), or None when it is not installed."
+    import importlib.util
+    spec = importlib.util.find_spec('imagecorruptions')
+    if spec is None or not spec.submodule_search_locations: return None
+    d = Path(list(spec.submodule_search_locations)[0]) / 'frost'
+    return d if d.is_dir() else None
+
+def frost_folder(frost_dir: str | Path | None = None) -> Path:
+    "`frost_dir`, else the `imagecorruptions` package's photographs; one line saying how to install them when neither is there."
+    d = frost_dir if frost_dir is not None else default_frost_dir()
+    if d is None: raise ValueError(f"frost needs the frost photographs of the imagecorruptions package: {FROST_INSTALL} "
+                                   "(or pass frost_dir=<a folder with frost1.png .. frost5.jpg>)")
+    return Path(d)
 
 def _frost_paths(frost_dir: str | Path) -> list[Path]:
     paths = [Path(frost_dir) / f for f in FROST_FILES]
@@ -292,11 +309,11 @@ def frost_digest(frost_dir: str | Path) -> str:
 @functools.lru_cache(maxsize=4)
 def _frost_kept(frost_dir: str, digest: str) -> tuple[np.ndarray, ...]: return frost_images(frost_dir)
 
-def frost(x: np.ndarray, c, rngs, frost_dir: str | Path | None = None) -> np.ndarray:
+def frost(x: np.ndarray, c, rngs,
+          frost_dir: str | Path | None = None, # the photographs' folder (default: those of the imagecorruptions package)
+         ) -> np.ndarray:
     "a·x + b·(a random H x W crop of one of five frost photographs), on 0..255, clipped and truncated."
-    if frost_dir is None:
-        raise ValueError("frost needs the reference's frost photographs (frost1.png .. frost5.jpg, shipped with "
-                         "hendrycks/robustness and imagecorruptions): pass frost_dir=<their folder>")
+    frost_dir = frost_folder(frost_dir)
     pics = _frost_kept(str(frost_dir), frost_digest(frost_dir))      # read again when the files change
     N, H, W, _ = x.shape
     out = np.empty_like(x)
@@ -444,7 +461,7 @@ def corrupt(images: torch.Tensor,          # uint8 (N, 3, H, W), on any device (
             severity: int,                 # 1..5
             seed: int = 0,
             offset: int = 0,               # index of images[0] in the whole set (seeds each image's draws)
-            frost_dir: str | Path | None = None, # frost only: the folder of the reference's frost photographs
+            frost_dir: str | Path | None = None, # frost only: the photographs' folder (default: imagecorruptions')
            ) -> torch.Tensor:              # uint8 (N, 3, H, W), on the input's device
     "CIFAR-10-C corruption `name` at `severity`; image i draws from `corruption_rng(seed, name, severity, offset + i)`."
     spec = check_corruption(name, severity)
@@ -464,15 +481,13 @@ def _fmt_constants(c) -> str: return ', '.join(f"{v:g}" for v in c) if isinstanc
 class Corruption(Shift):
     "A CIFAR-10-C corruption at one severity as a `Shift` (name `'<corruption>/s<severity>'`), seeded per image."
     def __init__(self, corruption: str, severity: int = 3, seed: int = 0,
-                 frost_dir: str | Path | None = None):  # frost only: the folder of the reference's frost photographs
+                 frost_dir: str | Path | None = None):  # frost only: the photographs' folder (default: imagecorruptions')
         self.spec = check_corruption(corruption, severity)
         super().__init__(int(severity))
-        if corruption == 'frost' and frost_dir is None:
-            raise ValueError("frost needs the reference's frost photographs (frost1.png .. frost5.jpg): "
-                             "pass frost_dir=<their folder>, or leave frost out")
         self.kind = self.corruption = corruption
         self.seed = _check_seed(seed)
-        self.frost_dir = str(frost_dir) if corruption == 'frost' else None
+        self.frost_dir = None
+        if corruption == 'frost': self.frost_dir = str(_frost_paths(frost_folder(frost_dir))[0].parent)   # checked now
     @property
     def constants(self): return self.spec['constants'][self.severity - 1]
     @property
@@ -491,9 +506,10 @@ class Corruption(Shift):
     def apply(self, x, offset): return corrupt(x, self.corruption, self.severity, self.seed, offset, self.frost_dir)
 
 def available_corruptions(frost_dir: str | Path | None = None, extra: bool = False) -> list[str]:
-    "The corruptions that run here: the benchmark's 15 (frost only with `frost_dir`), then with `extra` the implemented extras."
+    "The corruptions that run here: the benchmark's 15 (frost when its photographs are installed or in `frost_dir`), then with `extra` the implemented extras."
     names = CIFAR_C_NAMES + (EXTRA_NAMES if extra else ())
-    return [n for n in names if CORRUPTIONS[n]['status'] != 'omitted' and (n != 'frost' or frost_dir is not None)]
+    frost_ok = frost_dir is not None or default_frost_dir() is not None
+    return [n for n in names if CORRUPTIONS[n]['status'] != 'omitted' and (n != 'frost' or frost_ok)]
 
 def cifar_c_shifts(names: str | Sequence[str] | None = None,   # default: available_corruptions(frost_dir)
                    severities: Sequence[int] = SEVERITY_LEVELS,

@@ -667,7 +667,7 @@ def get_data(name: str | Path | ImageData = 'digits', /, **kwargs) -> ImageData:
     if p.suffix == '.npz' or p.exists(): return (cifar10 if p.suffix == '.npz' else image_folder)(p, **kwargs)
     raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or an existing folder path")
 
-def data_bytes(name: str | Path, **kwargs) -> int | None:
+def data_bytes(name: str | Path, /, **kwargs) -> int | None:
     "Estimated peak memory (bytes) of building dataset `name` with `kwargs` in memory; None for a folder (see `image_folder`'s `in_memory`)."
     import inspect
     if isinstance(name, ImageData): return None

@@ -9,7 +9,7 @@ __all__ = ['SEED_MAX', 'SCHEMA', 'MODEL_SIZES', 'PRESETS', 'ExperimentError', 'E
            'model_bytes', 'check_memory', 'check_experiment', 'experiment_cost', 'cost_line', 'check_run',
            'resolve_shard', 'run_card', 'run_dir_of', 'run_one', 'init_model', 'run_experiment', 'load_trained',
            'load_run_model', 'kept_runs', 'KeptRun', 'load_kept', 'keep_runs', 'reevaluate', 'compare_results',
-           'signal_ratios', 'export_run', 'padding_ablation', 'KEPT_MODEL']
+           'export_run', 'KEPT_MODEL']
 
 # %% ../nbs/09_experiment.ipynb #f0a5f4b2
 from .rundir import KEPT_MODEL
@@ -24,4 +24,4 @@ _all_ = ['SEED_MAX', 'SCHEMA', 'MODEL_SIZES', 'PRESETS', 'ExperimentError', 'Exp
          'ram_bytes', 'model_bytes', 'check_memory', 'check_experiment', 'experiment_cost', 'cost_line', 'check_run',
          'resolve_shard', 'run_card', 'run_dir_of', 'run_one', 'init_model', 'run_experiment', 'load_trained',
          'load_run_model', 'kept_runs', 'KeptRun', 'load_kept', 'keep_runs', 'reevaluate', 'compare_results',
-         'signal_ratios', 'export_run', 'padding_ablation', 'KEPT_MODEL']
+         'export_run', 'KEPT_MODEL']

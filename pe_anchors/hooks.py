@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .core import check_choice, image_perms
-from .anatomy import anatomy
+from .anatomy import anatomy, rpi_entries, timm_model
 
 # %% auto #0
 __all__ = ['TAP_POINTS', 'PERM_MODES', 'TRAIN_PERM_MODES', 'INFERENCE_PERM_MODES', 'Recorded', 'TokenRecorder',
@@ -103,6 +103,12 @@ class TokenRecorder:
 PERM_MODES = ('batch', 'sample', 'draw', 'image')
 TRAIN_PERM_MODES, INFERENCE_PERM_MODES = ('batch', 'sample'), ('draw', 'image')
 
+def _as_tokens(y: torch.Tensor, layout: str, batch: int) -> torch.Tensor: # -> (B, N, C)
+    "The patch tokens of an RPI entry's output `y` as (B, N, C), by its layout (`anatomy.TOKEN_LAYOUTS`)."
+    if layout == 'nchw': return y.flatten(2).transpose(1, 2)
+    if layout == 'inner': return y.reshape(batch, -1, y.shape[-2] * y.shape[-1])   # (B·N, P, C) -> (B, N, P·C)
+    return y.flatten(1, 2) if y.ndim == 4 else y            # auto / nhwc: (B, H, W, C) -> (B, N, C); nlc as it is
+
 def apply_token_perm(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor: # (B, N, C), perm (N,) or (B, N)
     "Return `x` with slot j holding token `perm[..., j]` (a gather; the identity permutation is bit-exact)."
     if perm.ndim == 1: return x[:, perm]
@@ -110,7 +116,7 @@ def apply_token_perm(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor: # (B,
 
 # %% ../nbs/01b_hooks.ipynb #08144758
 class TokenPermutation:
-    "Forward hook on the patch embedding of `model` that permutes the patch tokens (before CLS and the PE are added)."
+    "Forward hook on the patch embedding of `model` (or its `anatomy.rpi_entries`) that permutes the patch tokens (before CLS and the PE are added)."
     def __init__(self,
                  model: nn.Module,
                  mode: str = 'batch',               # one of PERM_MODES (see the table above)
@@ -118,7 +124,10 @@ class TokenPermutation:
                  perm: torch.Tensor | None = None,  # a fixed permutation (N,) or (B, N) instead of random draws
                  enabled: bool = True,
                 ):
-        self.model, self.mode, self.enabled = anatomy(model).model, check_choice('permutation mode', mode, PERM_MODES), enabled
+        self.entries = rpi_entries(model)                  # (module, layout): the patch embedding, or the zoo family's entries
+        a = anatomy(model, strict=False)
+        self.model = a.model if a is not None else timm_model(model)
+        self.mode, self.enabled = check_choice('permutation mode', mode, PERM_MODES), enabled
         if seed is None and mode in INFERENCE_PERM_MODES: seed = int(torch.randint(0, 2**31 - 1, ()))
         self.seed = seed
         self.perm = None if perm is None else torch.as_tensor(perm, dtype=torch.long)
@@ -151,15 +160,16 @@ class TokenPermutation:
         if self.mode == 'batch': return torch.randperm(num_tokens, generator=g, device=device).expand(batch_size, -1)
         return torch.rand(batch_size, num_tokens, generator=g, device=device).argsort(dim=1)
 
-    def _hook(self, module, inp, out):
+    def _hook(self, module, inp, out, layout: str = 'auto'):
         if not self.enabled: return out
-        nhwc = out.ndim == 4                                   # timm patch embeds may return (B, H, W, C)
-        x = out.flatten(1, 2) if nhwc else out                 # (B, N, C)
+        y = out[0] if isinstance(out, tuple) else out          # some embeddings return (tokens, grid size)
+        x = _as_tokens(y, layout, inp[0].shape[0])             # (B, N, C)
         perm = self.draw(x.shape[0], x.shape[1], x.device)
-        self.last_perm, self.seen = perm, self.seen + x.shape[0]
+        if module is self.entries[0][0]: self.last_perm, self.seen = perm, self.seen + x.shape[0]   # once per image
         shared = self.perm is None and self.mode in ('batch', 'draw')
         x = apply_token_perm(x, perm[0] if shared else perm)
-        return x.reshape(out.shape) if nhwc else x
+        x = x.transpose(1, 2).reshape(y.shape) if layout == 'nchw' else x.reshape(y.shape)
+        return (x, *out[1:]) if isinstance(out, tuple) else x
 
     def state_dict(self) -> dict:
         "The states of the seeded generators (one per device), for resuming a run exactly."
@@ -170,10 +180,13 @@ class TokenPermutation:
 
     def attach(self):
         "Register the hook (idempotent)."
-        if self._handle is None: self._handle = self.model.patch_embed.register_forward_hook(self._hook)
+        if self._handle is None:
+            self._handle = [m.register_forward_hook(lambda mod, inp, out, l=l: self._hook(mod, inp, out, l)) for m, l in self.entries]
         return self
     def detach(self):
         "Remove the hook."
-        if self._handle is not None: self._handle.remove(); self._handle = None
+        if self._handle is not None:
+            for h in self._handle: h.remove()
+            self._handle = None
     def __enter__(self): return self.attach()
     def __exit__(self, *exc): self.detach()

@@ -4,13 +4,13 @@
 
 # %% ../nbs/02a_hub.ipynb #25113a71
 from __future__ import annotations
-import json, os, shutil, tempfile
+import errno, json, os, shutil, tempfile
 from pathlib import Path
 
 from torch import nn
 import timm
 
-from .core import check_offline, current_umask, disk_error, hub_name
+from .core import check_model_name, current_umask, disk_error
 from .anatomy import anatomy
 from .rundir import hub_files
 import pe_anchors.vit  # noqa: F401   (registers the pe_vit_* models that checkpoints name)
@@ -54,14 +54,10 @@ def load_checkpoint(path: str | Path, map_location: str = 'cpu',
     name, kwargs = meta.get('model_name'), json.loads(meta.get('model_kwargs') or '{}')
     if not name: name, kwargs = model_name, dict(model_kwargs or {})
     if not name: raise ValueError(f"{path} has no pe_anchors model metadata (not written by save_checkpoint); pass model_name=")
-    if hub_name(name):
-        check_offline(f"the model {name} its metadata names (config and weights, from the Hugging Face Hub) would be downloaded",
-                      str(path))
-    if {**kwargs, **overrides}.get('pretrained'):
-        check_offline(f"the pretrained weights of {name} (pretrained=True in its metadata) would be downloaded", str(path))
     if ':' not in name and not timm.is_model(name):
         raise ValueError(f"{path} holds a {name!r} model, which this timm ({timm.__version__}) does not know: install the "
                          "library that registers it (import it first), or a timm version that has it")
+    check_model_name(name, bool({**kwargs, **overrides}.get('pretrained')), f"{path} (its metadata)")   # the one network gate
     model = timm.create_model(name, **{**kwargs, **overrides})          # the pe_vit_* names are registered in timm too
     try: model.load_state_dict(load_file(str(path), device=map_location))
     except RuntimeError as e: raise ValueError(f"{path} does not match its own model config: {str(e).splitlines()[0]}") from None
@@ -140,7 +136,10 @@ def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.c
             raise full from e
         (tmp / 'README.md').write_text(_model_card(name, model, rec, card), encoding='utf-8')
         os.chmod(tmp, 0o777 & ~current_umask())
-        os.replace(tmp, out)                                       # complete or absent, never half written
+        try: os.replace(tmp, out)                                  # complete or absent, never half written
+        except OSError as e:                                       # an empty mount point cannot be renamed onto: filled
+            if e.errno not in (errno.EBUSY, errno.EXDEV): raise
+            for p in tmp.iterdir(): shutil.move(str(p), str(out / p.name))
     finally:
         if tmp.exists(): shutil.rmtree(tmp)
     return out

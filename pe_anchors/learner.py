@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 import timm
-from fastai.callback.core import Callback
-from fastai.callback.progress import ProgressCallback
+from fastai.callback.core import Callback, CancelFitException
+from fastai.callback.progress import CSVLogger, ProgressCallback
+from fastai.callback.tracker import EarlyStoppingCallback, SaveModelCallback
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from fastai.callback.channelslast import ChannelsLast
 import fastai.callback.schedule  # noqa: F401  (adds Learner.fit_one_cycle)
@@ -26,59 +27,29 @@ from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
 from fastcore.basics import noop, patch
 
-from .core import (auto_threads, busy_cores, check_choice, check_offline, hub_name, condition_model_kwargs,
-                             condition_spec, cpu_snapshot, current_umask, disk_error, dist_info, hardware_info, read_json,
-                             set_threads, sync, unwrap_model, write_atomic, show_progress as _show_progress)
+from .core import (RECIPES, Recipe, auto_threads, check_choice, check_model_name, check_offline,
+                             condition_model_kwargs, condition_spec, cpu_info, current_umask, disk_error, dist_info, env_int,
+                             hardware_info, read_json, recipe_changes, set_threads, sync, unwrap_model, write_atomic,
+                             show_progress as _show_progress)
 from .rundir import CHECKPOINT_TMP, TrainDir, config_diff
 from .anatomy import anatomy, model_family, position_parameters
 from .vit import MODEL_STYLES
 from .hub import save_checkpoint
-from .data import ImageData, get_data
+from .data import AUGS, ImageData, get_data
 from .callback.permute import RPT
 
 # %% auto #0
-__all__ = ['RECIPES', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'WANDB_LOCAL', 'Recipe', 'recipe_changes',
-           'get_recipe', 'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper',
-           'RunRecorder', 'snapshot_epochs', 'Snapshots', 'init_distributed', 'DDP', 'Progress', 'run_recorder',
-           'tensorboard_callback', 'wandb_callback', 'make_callbacks', 'DivergenceWarning', 'AutoThreads', 'EpochLines',
-           'learner_device', 'default_model', 'build_model', 'set_data_config', 'make_dls', 'make_optimizer',
-           'fit_callbacks', 'run_config', 'set_logging', 'open_run', 'pe_learner', 'fit_recipe', 'train']
+__all__ = ['OPTIMIZERS', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'WANDB_LOCAL', 'get_recipe',
+           'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'RunRecorder',
+           'snapshot_epochs', 'Snapshots', 'init_distributed', 'DDP', 'Progress', 'run_recorder', 'RunCSV', 'SaveModel',
+           'EarlyStopping', 'tensorboard_callback', 'wandb_callback', 'make_callbacks', 'DivergenceWarning',
+           'EpochLines', 'learner_device', 'default_model', 'build_model', 'set_data_config', 'check_batch_size',
+           'make_dls', 'make_optimizer', 'fit_callbacks', 'run_config', 'run_threads', 'set_logging', 'open_run',
+           'pe_learner', 'fit_recipe', 'train', 'Recipe', 'RECIPES', 'recipe_changes']
 
 # %% ../nbs/05_learner.ipynb #fa871433
-@dataclass
-class Recipe:
-    "Training hyper-parameters and implementation switches (see `RECIPES`)."
-    epochs: int = 60
-    bs: int = 128                       # per process
-    lr: float = 1e-3
-    wd: float = 5e-2
-    betas: tuple = (0.9, 0.999)
-    eps: float = 1e-8
-    opt: str = 'adamw'                  # 'adamw' (decoupled weight decay) or 'adam' (coupled L2, torch Adam)
-    label_smoothing: float = 0.1
-    pct_start: float = 5 / 60           # one-cycle warmup fraction
-    div: float = 25.                    # start lr = lr / div
-    div_final: float = 1e4              # final lr = lr / div_final
-    moms: tuple | None = (0.9, 0.9, 0.9)  # beta1 over the cycle (None: fastai's (0.95, 0.85, 0.95))
-    aug: str | None = None              # pe_anchors.data.AUGS (None: the dataset's default)
-    mixup: dict | None = None           # timm Mixup kwargs (None: off, 'deit' aug turns it on)
-    fused: bool | None = None           # fused AdamW (None: on CUDA)
-    bf16: bool = False                  # bf16 autocast (CUDA only)
-    channels_last: bool = False         # CUDA only
-    compile: bool = False               # torch.compile the model (in place, state-dict keys unchanged)
-    pe_lr_mult: float = 1.              # learning rate of the position parameters (PE module) relative to lr
-    model_style: str = 'timm'           # pe_vit models: 'timm' or 'released' init and dropout sites (vit.MODEL_STYLES)
-
-RECIPES = {
-    'paper': Recipe(model_style='released'),
-    'fast': Recipe(pct_start=0.25, moms=None, bf16=True, channels_last=True),
-}
-RECIPES['digits'] = replace(RECIPES['fast'], epochs=12, bs=32, lr=2e-3, pe_lr_mult=20)   # the digits preset's: minutes on a CPU
-
-def recipe_changes(name: str, base: str = 'fast') -> dict:
-    "The fields in which recipe `name` differs from recipe `base`: what an experiment's `train_kwargs` say over its `recipe`."
-    a, b = asdict(RECIPES[check_choice('recipe', name, RECIPES)]), asdict(RECIPES[check_choice('recipe', base, RECIPES)])
-    return {k: v for k, v in a.items() if v != b[k]}
+_all_ = ['Recipe', 'RECIPES', 'recipe_changes']           # declared in `core` (as data every reader can import), used here
+OPTIMIZERS = ('adamw', 'adam')                            # a recipe's `opt`: decoupled weight decay, or torch Adam's coupled L2
 
 def get_recipe(recipe: str | Recipe = 'fast', **overrides) -> Recipe:
     "A recipe by name (`RECIPES`) or as given, with field `overrides` (unknown names raise)."
@@ -96,7 +67,17 @@ def get_recipe(recipe: str | Recipe = 'fast', **overrides) -> Recipe:
         raise ValueError(f"recipe wd and label_smoothing must be in [0, 1) and pct_start in (0, 1), got {r.wd}, "
                          f"{r.label_smoothing}, {r.pct_start}")
     check_choice('model style', r.model_style, MODEL_STYLES)
+    check_choice('optimizer', r.opt, OPTIMIZERS)
+    if r.aug is not None: check_choice('augmentation', r.aug, AUGS)
+    if r.mixup is not None:                                   # timm's Mixup arguments, checked before anything is built
+        import inspect
+        from timm.data import Mixup
+        valid = list(inspect.signature(Mixup).parameters)
+        bad = sorted(set(r.mixup) - set(valid)) if isinstance(r.mixup, dict) else None
+        if bad is None or bad: raise ValueError(f"recipe mixup must be a mapping of timm.data.Mixup arguments ({', '.join(valid)}), "
+                                                f"got {f'the unknown argument(s) {bad}' if bad else repr(r.mixup)}")
     return r
+
 
 # %% ../nbs/05_learner.ipynb #173b9a70
 class SoftTargetCE(nn.Module):
@@ -221,6 +202,7 @@ class RunRecorder(Callback):
     def __init__(self, run_dir: str | Path, config: dict, keep: int = 2):
         self.dir, self.config, self.keep = TrainDir(run_dir), config, max(1, keep)
         self.start_epoch, self.done, self._resume, self._lock = 0, 0, None, None
+        self.stopped = self.stop_after_epoch = False               # a callback ended / asks to end the fit (early stopping)
 
     @property
     def run_dir(self) -> Path:
@@ -260,7 +242,8 @@ class RunRecorder(Callback):
         return 0
 
     def finished(self, n_epochs: int, model: nn.Module) -> bool:
-        """Whether the run has done its `n_epochs` already: then its final weights are loaded into `model`. A damaged
+        """Whether the run has done its `n_epochs` already (or ended earlier, stopped by a callback such as early stopping,
+        as its `final.json` says): then its final weights are loaded into `model`. A damaged
         `final.json`, or final weights that do not load while the last epoch's checkpoint is there, are dropped with a
         warning (the next fit restores that checkpoint and writes them again): not finished."""
         final = self.dir.final
@@ -268,7 +251,9 @@ class RunRecorder(Callback):
             try: read_json(final)
             except ValueError as e:                                  # a damaged final.json: recompute it from the run
                 warnings.warn(f"{e}; rebuilding it from the last checkpoint"); final.unlink()
-        if not (final.exists() and self.done >= n_epochs): return False
+        rec = read_json(final) if final.exists() else {}
+        stop = rec.get('epochs') if rec.get('stopped_early') else None                    # early stopping ended it there
+        if not (final.exists() and self.done >= (n_epochs if stop is None else stop)): return False
         from safetensors.torch import load_file
         try: unwrap_model(model).load_state_dict(load_file(str(self.dir.model)))
         except Exception as e:                                       # torn or foreign: rebuilt from the last checkpoint
@@ -295,12 +280,14 @@ class RunRecorder(Callback):
             ck, weights, st = self._resume
             unwrap_model(self.learn.model).load_state_dict({k: v.to(self.dls.device) for k, v in weights.items()})
             self.learn.opt.load_state_dict(st['opt'])
-            for name, s in st['cbs'].items(): getattr(self.learn, name).load_state_dict(s)
+            for name, s in st['cbs'].items():                          # the state of callbacks that keep one
+                if getattr(self.learn, name, None) is not None: getattr(self.learn, name).load_state_dict(s)
             _set_rng_state(self.learn, st['rng'])
             sl = self.learn.recorder.smooth_loss                     # the train_loss column is fastai's smoothed loss
             sl.val, sl.count = st['smooth_loss']
             self._resume = None                                      # restored once: a later fit goes on from here
         self._old_logger, self.t_fit, self.train_time, self.train_imgs = None, time.perf_counter(), 0., 0
+        self.stopped = self.stop_after_epoch = False
 
     def _keep_metrics(self):
         "metrics.csv: the rows of the epochs before `start_epoch`, restored from the checkpoint where they are missing."
@@ -360,6 +347,7 @@ def after_epoch(self: RunRecorder):
     _write_metrics(self.dir.metrics, _read_metrics(self.dir.metrics) + [{k: str(v) for k, v in row.items()}])
     self.write_checkpoint()
     self.done = self.epoch + 1
+    if self.stop_after_epoch: raise CancelFitException()          # a callback's stop (early stopping), the epoch written
 
 # %% ../nbs/05_learner.ipynb #916feac1
 @patch
@@ -371,7 +359,7 @@ def write_checkpoint(self: RunRecorder):
     (weights, state), (final_weights, final_state) = self.dir.checkpoint_files(tmp), self.dir.checkpoint_files(final)
     try:
         _save_model(unwrap_model(self.learn.model), weights, final_weights, extra=dict(epoch=self.epoch))
-        cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if isinstance(cb, RPT)}
+        cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if callable(getattr(type(cb), 'state_dict', None))}
         sl = self.learn.recorder.smooth_loss
         try:
             with open(state, 'wb') as f:
@@ -391,22 +379,28 @@ def write_checkpoint(self: RunRecorder):
 def after_fit(self: RunRecorder):
     "Write the final files when the last epoch is done, then release the run's lock."
     try:
-        if self.is_main and self.epoch + 1 >= self.n_epoch: self.write_final()
+        if self.is_main and (self.epoch + 1 >= self.n_epoch or self.stopped): self.write_final()
         import torch.distributed as dist
         if dist_info()[1] > 1: dist.barrier()                                  # other ranks then read final.json
     finally:
         if self._lock is not None: self._lock.__exit__(); self._lock = None
 
 @patch
+def after_cancel_fit(self: RunRecorder):
+    "A callback ended the fit (early stopping): the run is finished where it stopped, with its final files."
+    self.stopped = True
+
+@patch
 def write_final(self: RunRecorder) -> dict:
     "Save the final weights and `final.json` (metrics of the last epoch, timing, hardware)."
     rows = _read_metrics(self.dir.metrics)
     last = rows[-1] if rows else {}
-    _save_model(unwrap_model(self.learn.model), self.dir.model, self.dir.model, extra=dict(epoch=self.n_epoch - 1))
-    final = dict(epochs=self.n_epoch, accuracy=float(last.get('accuracy', 'nan')), valid_loss=float(last.get('valid_loss', 'nan')),
+    _save_model(unwrap_model(self.learn.model), self.dir.model, self.dir.model, extra=dict(epoch=self.epoch))
+    final = dict(epochs=self.epoch + 1, accuracy=float(last.get('accuracy', 'nan')), valid_loss=float(last.get('valid_loss', 'nan')),
                  train_time_s=round(sum(float(r['time_s']) for r in rows), 2),
                  train_img_s=round(float(np.mean([float(r['train_img_s']) for r in rows])), 1) if rows else None,
                  hardware=hardware_info(self.dls.device))
+    if self.stopped: final.update(stopped_early=True, planned_epochs=self.n_epoch)   # a callback ended the fit (early stopping)
     write_atomic(self.dir.final, json.dumps(final, indent=2))
     return final
 
@@ -440,16 +434,19 @@ def init_distributed() -> tuple[int, int, int]:
     Ranks that do not all join within `$PE_ANCHORS_DIST_TIMEOUT` seconds (60) fail in one line instead of waiting forever."""
     import torch.distributed as dist
     from datetime import timedelta
-    world = int(os.environ.get('WORLD_SIZE', 1))
+    world = env_int('WORLD_SIZE', 1, lo=1)                    # each variable checked, named when it is wrong
     if world <= 1: return 0, 1, 0
-    local = int(os.environ.get('LOCAL_RANK', 0))
+    local = env_int('LOCAL_RANK', 0, lo=0)
     if not dist.is_initialized():
         launch = (f"start one process per rank with a launcher (torchrun --nproc_per_node {world} -m pe_anchors.cli "
                   "train ...), or unset WORLD_SIZE to train in one process")
         missing = [k for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK') if not os.environ.get(k)]
         if missing: raise ValueError(f"WORLD_SIZE={world} is set but not {', '.join(missing)}: {launch}")
+        env_int('RANK', lo=0, hi=world - 1)
         try: wait = float(os.environ.get(DIST_TIMEOUT_ENV) or 60)
-        except ValueError: raise ValueError(f"{DIST_TIMEOUT_ENV} must be a number of seconds, got {os.environ[DIST_TIMEOUT_ENV]!r}") from None
+        except ValueError: wait = float('nan')
+        if not 0 < wait < float('inf'):
+            raise ValueError(f"{DIST_TIMEOUT_ENV} must be a number of seconds > 0, got {os.environ[DIST_TIMEOUT_ENV]!r}")
         cuda = torch.cuda.is_available()
         if cuda: torch.cuda.set_device(local)
         try: dist.init_process_group('nccl' if cuda else 'gloo', timeout=timedelta(seconds=wait))
@@ -486,9 +483,9 @@ class Progress(ProgressCallback):
         self.pbar.update(self.iter + 1)
         if self.iter % self.every == 0 and hasattr(self, 'smooth_loss'): self.pbar.comment = f'{self.smooth_loss.item():.4f}'
 
-CALLBACKS = {'csv': 'fastai.callback.progress:CSVLogger', 'tensorboard': 'pe_anchors.learner:tensorboard_callback',
-             'wandb': 'pe_anchors.learner:wandb_callback', 'save_model': 'fastai.callback.tracker:SaveModelCallback',
-             'early_stopping': 'fastai.callback.tracker:EarlyStoppingCallback', 'snapshots': 'pe_anchors.learner:Snapshots'}
+CALLBACKS = {'csv': 'pe_anchors.learner:RunCSV', 'tensorboard': 'pe_anchors.learner:tensorboard_callback',
+             'wandb': 'pe_anchors.learner:wandb_callback', 'save_model': 'pe_anchors.learner:SaveModel',
+             'early_stopping': 'pe_anchors.learner:EarlyStopping', 'snapshots': 'pe_anchors.learner:Snapshots'}
 WANDB_LOCAL = ('offline', 'disabled', 'dryrun')   # WANDB_MODE values that keep a run's metrics on this machine
 
 def _numbers(hypers: list[dict]) -> dict:
@@ -499,6 +496,47 @@ def _numbers(hypers: list[dict]) -> dict:
 def run_recorder(learn: Learner) -> RunRecorder | None:
     "The learner's `RunRecorder`, None when it writes no run directory."
     return next((cb for cb in learn.cbs if isinstance(cb, RunRecorder)), None)
+
+class RunCSV(CSVLogger):
+    """fastai's `CSVLogger`: `history.csv` in the run directory (the learner's `path`); a resumed run keeps the rows of
+    the epochs it does not train again, and `validate` (which fastai sends the fit's events) leaves the file alone."""
+    def before_fit(self):
+        self.on = not (self.learn.lock.locked() or hasattr(self, 'gather_preds'))
+        if not self.on: return
+        rec, f = run_recorder(self.learn), self.path / self.fname
+        start = rec.start_epoch if rec is not None and rec.run else 0
+        rows = f.read_text().splitlines()[1:] if start and f.exists() else []
+        keep = [r for r in rows if r.split(',')[0].isdigit() and int(r.split(',')[0]) < start]
+        self.path.mkdir(parents=True, exist_ok=True); super().before_fit()   # the header
+        self.file.write(''.join(r + '\n' for r in keep))
+    def after_fit(self):
+        if self.on: super().after_fit()
+
+def _skipped(cb: Callback) -> bool:
+    "Whether the epoch is one a resumed run does not train again (fastai still sends it `after_epoch`, with nothing recorded)."
+    rec = run_recorder(cb.learn)
+    return rec is not None and rec.run and cb.epoch < rec.start_epoch
+
+class SaveModel(SaveModelCallback):
+    "fastai's `SaveModelCallback`: the best model so far in the run directory's `models/`, its best value kept in the run's checkpoints."
+    def state_dict(self) -> dict: return dict(best=float(self.best))
+    def load_state_dict(self, s: dict): self.best = s['best']
+    def after_epoch(self):
+        if not _skipped(self): super().after_epoch()
+
+class EarlyStopping(EarlyStoppingCallback):
+    """fastai's `EarlyStoppingCallback`, its state kept in the run's checkpoints; with a run directory, the stop it decides
+    is carried out by the run's recorder once the epoch is written (metrics, checkpoint): the run ends there, finished."""
+    order = RunRecorder.order - 2                                   # before the recorder saves its state
+    def after_epoch(self):
+        if _skipped(self): return
+        try: super().after_epoch()
+        except CancelFitException:
+            rec = run_recorder(self.learn)
+            if rec is None or not rec.run: raise
+            rec.stop_after_epoch = True
+    def state_dict(self) -> dict: return dict(best=float(self.best), wait=int(self.wait))
+    def load_state_dict(self, s: dict): self.best, self.wait = s['best'], s['wait']
 
 def _log_dir(learn, tracker: str | None = None) -> str | None:
     "Where a tracker writes: its folder in the learner's run directory, or (None) the run directory itself; None without one."
@@ -591,21 +629,6 @@ class DivergenceWarning(Callback):
             warnings.warn(f"training diverged at epoch {self.epoch} ({', '.join(bad) or 'weights'} not finite): the "
                           "weights are not usable; lower the learning rate")
 
-class AutoThreads(Callback):
-    "On the CPU, before each epoch: torch threads = the cores other processes left free during the previous one."
-    order = 1
-    def __init__(self): self.snap = None
-    def before_epoch(self):
-        "Measure the load of the epoch just finished and set the threads for the next."
-        if self.dls.device.type != 'cpu': return
-        if self.snap is not None:
-            n = auto_threads(busy_cores(since=self.snap))
-            if n != torch.get_num_threads(): set_threads(n)
-        self.snap = cpu_snapshot()
-    def after_fit(self):
-        "Forget the last snapshot (a later `validate` is not an epoch of training)."
-        self.snap = None
-
 class EpochLines:
     "A fastai logger for batch jobs (no terminal): one line per epoch with the recorder's columns, flushed."
     def __init__(self, learn: Learner): self.learn = learn
@@ -639,12 +662,7 @@ def build_model(model: str,                        # timm name
                 model_kwargs: dict | None = None,  # extra timm.create_model kwargs (e.g. depth=2)
                ) -> nn.Module:
     "The network: a pe_vit model with PE `pe`, or any other timm model as timm defines it (its position is its own)."
-    if hub_name(model): check_offline(f"the model {model} (its config and weights, from the Hugging Face Hub) would be downloaded")
-    if (model_kwargs or {}).get('pretrained'):
-        check_offline(f"the pretrained weights of {model} (model_kwargs pretrained=True) would be downloaded")
-    if ':' not in model and not timm.is_model(model):            # (hub and local-dir names are timm's to resolve)
-        raise ValueError(f"unknown model {model!r}: not a timm model name (see timm.list_models(); this library's own "
-                         "are pe_vit_*, e.g. pe_vit_nano_patch2_16)")
+    check_model_name(model, bool((model_kwargs or {}).get('pretrained')))   # offline unless allowed, known to timm
     mkw, ours = dict(model_kwargs or {}), model_family(model) == 'pe_vit'
     if ours: mkw.update(pe=pe, style=mkw.get('style', style))
     elif pe != 'none' or rpt:                     # any other timm model (a CNN baseline, a timm ViT) is used as built
@@ -664,18 +682,22 @@ def set_data_config(net: nn.Module, data: ImageData) -> nn.Module:
                                                f"{data.name} has {data.img_size}px")
     return net
 
+def check_batch_size(bs: int, n_train: int, world: int = 1):
+    "Refuse a batch size (per process, over `world` processes) larger than the training set: an epoch would train nothing."
+    if bs * world > n_train:
+        raise ValueError(f"batch size {bs}{f' x {world} processes' if world > 1 else ''} is larger than the {n_train} "
+                         "training images: an epoch would have no full batch (nothing would be trained)")
+
 def make_dls(data: ImageData, recipe: Recipe, device: torch.device, world: int = 1):
     "The recipe's fastai loaders of `data` on `device`: its batch size per process, augmentation, mixup and memory format."
-    if recipe.bs * world > len(data.train):
-        raise ValueError(f"batch size {recipe.bs}{f' x {world} processes' if world > 1 else ''} is larger than the {len(data.train)} "
-                         "training images: an epoch would have no full batch (nothing would be trained)")
+    check_batch_size(recipe.bs, len(data.train), world)
     return data.dls(recipe.bs, device=device, aug=recipe.aug, mixup=recipe.mixup,
                     channels_last=recipe.channels_last and device.type == 'cuda')
 
 def make_optimizer(net: nn.Module, recipe: Recipe, device: torch.device) -> tuple[partial, list[str]]:
     "fastai `opt_func` of the recipe (AdamW or Adam over the `param_groups` of `net`; fused on CUDA unless set) and the groups' kinds."
     fused = device.type == 'cuda' if recipe.fused is None else recipe.fused
-    topt = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}[check_choice('optimizer', recipe.opt, ('adamw', 'adam'))]
+    topt = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}[check_choice('optimizer', recipe.opt, OPTIMIZERS)]
     kinds = list(param_groups(net))
     return partial(LayerGroupOptimWrapper, opt=partial(topt, betas=tuple(recipe.betas), eps=recipe.eps, fused=fused),
                    kinds=kinds), kinds
@@ -683,24 +705,37 @@ def make_optimizer(net: nn.Module, recipe: Recipe, device: torch.device) -> tupl
 # %% ../nbs/05_learner.ipynb #881b8945
 def fit_callbacks(recipe: Recipe, device: torch.device,
                   rpt: bool = False, rpt_mode: str = 'batch', seed: int = 0,
-                  threads: int | str | None = None,  # 'auto' adds AutoThreads
                   cbs: list | None = None,           # the caller's own callbacks
                  ) -> list[Callback]:
-    "The callbacks of a fit: DDP, the divergence warning, RPT if on, the caller's, AutoThreads, and bf16 / channels-last on CUDA."
+    "The callbacks of a fit: DDP, the divergence warning, RPT if on, the caller's, and bf16 / channels-last on CUDA."
     cuda = device.type == 'cuda'
     out = [DDP(), DivergenceWarning()] + ([RPT(rpt_mode, seed=seed)] if rpt else []) + list(cbs or [])
-    if threads == 'auto': out.append(AutoThreads())
     if recipe.bf16 and cuda: out.append(MixedPrecision(amp_mode=AMPMode.BF16))
     if recipe.channels_last and cuda: out.append(ChannelsLast())
     return out
 
 def run_config(condition: str, pe: str, rpt: bool, rpt_mode: str, model: str, model_kwargs: dict | None, data: ImageData,
-               recipe: Recipe, seed: int, world: int, device: torch.device) -> dict:
-    "The JSON-able record of a run (`config.json`): what is trained, how and where; a resumed run must agree with it."
+               recipe: Recipe, seed: int, world: int, device: torch.device, threads: int | None = None) -> dict:
+    """The JSON-able record of a run (`config.json`): what is trained, how and where (the torch threads it computes
+    with, the CPU: `core.cpu_info`); a resumed run must agree with it."""
     return dict(condition=condition, pe=pe, rpt=rpt, rpt_mode=rpt_mode if rpt else None, model=model,
                 model_kwargs=model_kwargs or {}, num_classes=data.c, data=data.spec or dict(name=data.name),
                 recipe=json.loads(json.dumps(asdict(recipe))), seed=seed, world_size=world, device=str(device),
-                versions=_versions(), hardware=hardware_info(device), created=time.strftime('%Y-%m-%d %H:%M:%S'))
+                versions=_versions(), hardware=hardware_info(device), created=time.strftime('%Y-%m-%d %H:%M:%S'),
+                threads=threads if threads is not None else torch.get_num_threads(), cpu=cpu_info())
+
+def run_threads(threads: int | str | None = None,   # a number; 'auto': the cores other processes leave free now; None: as set
+                recorded: int | None = None,        # the count the run recorded when it started (a resumed run)
+                where: str | Path = 'this run',
+               ) -> int:
+    """Set the torch threads a run computes with for its whole life, and return them: the count a resumed run recorded
+    (its numbers then do not change mid-run), else `threads`, else torch's current setting. A resumed run asked for
+    another count than it recorded is refused."""
+    if recorded is not None and threads not in (None, 'auto') and threads != recorded:
+        raise ValueError(f"{where} was trained with {recorded} torch thread(s): resume it with --threads {recorded} (a run "
+                         f"keeps one thread count for its whole life), or start it over (--restart)")
+    n = recorded if recorded is not None else auto_threads() if threads == 'auto' else threads
+    return set_threads(n) if n is not None else torch.get_num_threads()
 
 def set_logging(learn: Learner, show_progress: bool | None = None, rank: int = 0):
     "Progress bars when interactive (rank 0); in a batch job one line per epoch; nothing on other ranks, with `PE_ANCHORS_QUIET=1` or `False`."
@@ -733,7 +768,7 @@ def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a na
                show_progress: bool | None = None,         # progress bars; None: when interactive, else a line per epoch
                resume: bool = True,                       # continue run_dir (False: delete its old results)
                cbs: list | None = None,                   # extra fastai callbacks
-               threads: int | str | None = None,          # torch threads: N, 'auto' (the cores left free, each epoch), None: as set
+               threads: int | str | None = None,          # torch threads for the whole run: N, 'auto' (the cores free now), None: as set
                **recipe_overrides,                        # any Recipe field, e.g. epochs=3, bs=64
               ) -> Learner:
     "A fastai `Learner` for `condition` on `data` with `recipe` (`learn.recipe`, `.config`, `.run_recorder`; fit with `fit_recipe`)."
@@ -748,12 +783,14 @@ def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a na
     net = set_data_config(build_model(model, data.c, pe, rpt, r.model_style, built), data)  # init right after the seed
     dls = make_dls(data, r, device, world)
     opt_func, kinds = make_optimizer(net, r, device)
-    if threads not in (None, 'auto'): set_threads(threads)
-    config = run_config(condition, pe, rpt, rpt_mode, model, model_kwargs, data, r, seed, world, device)
+    recorded = TrainDir(run_dir).read_config().get('threads') if run_dir is not None and resume else None
+    n = run_threads(threads, recorded, run_dir)                 # one count for the run's whole life, resumed ones too
+    config = run_config(condition, pe, rpt, rpt_mode, model, model_kwargs, data, r, seed, world, device, n)
     run = open_run(run_dir, config, net, resume)
     learn = Learner(dls, net, loss_func=SoftTargetCE(r.label_smoothing), opt_func=opt_func, lr=r.lr,
                     splitter=pe_splitter, wd=[r.wd if k in ('body', 'head') else 0. for k in kinds], wd_bn_bias=True,
-                    metrics=accuracy, cbs=fit_callbacks(r, device, rpt, rpt_mode, seed, threads, cbs) + ([run] if run else []))
+                    metrics=accuracy, cbs=fit_callbacks(r, device, rpt, rpt_mode, seed, cbs) + ([run] if run else []),
+                    path=run.run_dir if run else None)         # a callback's files (csv, save_model) go into the run
     learn.lr_mults = np.array([r.pe_lr_mult if k == 'position' else 1. for k in kinds])   # per optimiser group
     set_logging(learn, show_progress, rank)
     if r.compile: net.compile()
@@ -769,12 +806,13 @@ def fit_recipe(learn: Learner,
     n = r.epochs if epochs is None else epochs
     run = run_recorder(learn)
     t = time.perf_counter()
-    if run is None or not run.finished(n, learn.model):   # (a fit that skips every epoch restores the checkpoint, writes the final files)
+    done = run is not None and run.finished(n, learn.model)
+    if not done:                                     # (a fit that skips every epoch restores the checkpoint, writes the final files)
         mults = getattr(learn, 'lr_mults', None)
         lr = r.lr if mults is None or (mults == 1).all() else r.lr * mults   # one lr, or one per optimiser group
         learn.fit_one_cycle(n, lr, div=r.div, div_final=r.div_final, pct_start=r.pct_start, moms=r.moms,
                             start_epoch=min(run.done, n) if run is not None else 0)
-    if run is not None: return read_json(run.dir.final)
+    if run is not None: return {**read_json(run.dir.final), **({'already_finished': True} if done else {})}
     loss, acc = learn.validate()
     return dict(epochs=n, accuracy=float(acc), valid_loss=float(loss), train_time_s=round(time.perf_counter() - t, 2),
                 hardware=hardware_info(learn.dls.device))

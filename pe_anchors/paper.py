@@ -45,11 +45,11 @@ PAPER_TABLE5 = {  # Table 5, 4 seeds: (clean accuracy, JPEG q5 FS, blur σ 2.5 F
 
 # %% ../nbs/00_paper.ipynb #d188f39d
 def paper_curves(mode: str = 'normal') -> dict[str, list[float]]:
-    "Published SSDC curves (`'normal'` or `'rpi'`) keyed by plot label, for `plots.plot_ssdc(references=...)`."
+    "Published SSDC curves (`'normal'` or `'rpi'`) keyed by plot label, for the `references` of `plot_ssdc`."
     return {f"{condition_label(c)} (paper)": v for c, v in PAPER_SSDC[check_choice('mode', mode, PAPER_SSDC)].items()}
 
 def paper_table5() -> pd.DataFrame:
-    "Table 5 (clean accuracy, JPEG/blur FS; mean ± SD over 4 seeds) in `results.summarize_fragility` format."
+    "Table 5 (clean accuracy, JPEG/blur FS; mean ± SD over 4 seeds) in `summarize_fragility` format."
     rows = []
     for cond, (acc, jpeg, blur) in PAPER_TABLE5.items():
         for kind, (fs, level) in (('jpeg', (jpeg, 5.)), ('blur', (blur, 2.5))):

@@ -8,13 +8,16 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 
 from .core import check_choice, condition_label, condition_order
 
 # %% auto #0
-__all__ = ['condition_color', 'plot_ssdc', 'plot_fragility', 'plot_shift_curves']
+__all__ = ['PAGE_WIDTH', 'condition_color', 'legend_below', 'band_entry', 'plot_ssdc', 'plot_fragility', 'plot_shift_curves']
 
 # %% ../nbs/10_plots.ipynb #9c1f2e07
+PAGE_WIDTH = 8.          # inches: a figure this wide fills Quarto's default page column (about 800 px at 100 dpi)
+
 _PALETTE = {'ape': 'C0', 'spe': 'C1', 'rope': 'C2', 'nope': 'C3', 'rpt': 'C4', 'rope_mixed': 'C5', 'rpb': 'C6',
             'ape_rope': 'C7', 'rope_dinov3': 'C8', 'peg': 'C9', 'alibi': '#222222',
             # the dose conditions: each near the colour of the condition it varies, told apart from every other
@@ -31,25 +34,48 @@ def condition_color(condition: str) -> str:
     import matplotlib
     return matplotlib.colors.to_hex(matplotlib.colormaps['tab20'](sum(map(ord, condition)) % 20))
 
+def legend_below(fig, axes: Sequence[Axes] | None = None, ncol: int | None = None, fontsize: float = 8):
+    "One legend for the whole figure, below its panels: every labelled artist of `axes` (default: all), each label once."
+    seen = {}
+    for ax in (axes if axes is not None else fig.axes):
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if not l.startswith('_'): seen.setdefault(l, h)
+    if not seen: return None
+    ncol = ncol or min(len(seen), 4)
+    fig.tight_layout()
+    return fig.legend(list(seen.values()), list(seen), loc='upper center', bbox_to_anchor=(.5, 0), ncol=ncol,
+                      fontsize=fontsize, frameon=False)
+
 # %% ../nbs/10_plots.ipynb #168fe292
+def band_entry(ax, label: str = "±1 SD over seeds"):
+    "A legend entry for the shaded bands: a patch of no size (it draws nothing and leaves the axes' limits alone)."
+    from matplotlib.patches import Rectangle
+    if label not in [p.get_label() for p in ax.patches]: ax.add_patch(Rectangle((0, 0), 0, 0, color='0.5', alpha=.25, lw=0, label=label))
+
 def plot_ssdc(df: pd.DataFrame,
               metric: str = 'ssdc',
               mode: str = 'normal',
-              ax=None,
+              ax: Axes | None = None,                                # the axes to draw into (default: a new figure)
               references: dict[str, Sequence[float]] | None = None, # label -> values at layers 0, 1, ... (dashed)
               title: str | None = None,
-              legend: str = 'inside',                                # 'inside', 'outside' (right of the axes) or 'none'
+              legend: str = 'inside',                                # 'inside', 'outside' (right of the axes), 'none' (the caller's)
              ):
-    """Paper-style depth plot: mean over seeds per condition (and stage: untrained dotted), ±1 SD band over seeds where a
-    condition has several (none for one seed: a run's within-run error is not seed noise), integer layer ticks."""
+    """Paper-style depth plot over the block inputs: mean over seeds per condition and stage (untrained dotted), ±1 SD
+    band over seeds where a condition has several (none for one seed: a run's within-run error is not seed noise),
+    integer layer ticks; the output tap, where measured, an open marker at 'out'."""
     import matplotlib.pyplot as plt
+    check_choice('legend', legend, ('inside', 'outside', 'none'))
     d = df[(df['metric'] == metric) & (df['mode'] == mode) & (df['layer'] >= 0)]
     if d.empty:
         raise ValueError(f"no rows with metric={metric!r} and mode={mode!r}; the table has metrics "
                          f"{sorted(df['metric'].unique())} and modes {sorted(df['mode'].unique())}")
     if ax is None: ax = plt.subplots(figsize=(5, 3.5))[1]
-    conds = condition_order(d['condition'].unique())
-    stages = d['stage'].unique()
+    tap = d['tap'].fillna('').astype(str).eq('output') if 'tap' in d else pd.Series(False, index=d.index)
+    d, out = d[~tap], d[tap]
+    conds, stages = condition_order(d['condition'].unique()), list(d['stage'].unique())
+    style = {'trained': '-', 'untrained': ':'}                      # any other stage names: solid, dotted, dash-dot
+    style.update(zip([s for s in stages if s not in style], ['-', ':', '-.']))
+    banded = False
     for c in conds:
         for st in stages:
             g = d[(d['condition'] == c) & (d['stage'] == st)]
@@ -57,28 +83,38 @@ def plot_ssdc(df: pd.DataFrame,
             by = g.groupby('layer')
             mean, n = by['value'].mean(), by['value'].count()
             label = condition_label(c) + (f" ({st})" if len(stages) > 1 else '') + (' (1 seed)' if n.max() == 1 else '')
-            ax.plot(mean.index, mean.values, marker='o', ms=3, label=label, color=condition_color(c),
-                    ls=':' if st == 'untrained' and len(stages) > 1 else '-')
+            ls = style[st] if len(stages) > 1 else '-'
+            ax.plot(mean.index, mean.values, marker='o', ms=3, label=label, color=condition_color(c), ls=ls)
             if n.max() > 1:
                 sd = by['value'].std().fillna(0)
                 ax.fill_between(mean.index, (mean - sd).values, (mean + sd).values, color=condition_color(c), alpha=.2, lw=0)
+                banded = True
+            o = out[(out['condition'] == c) & (out['stage'] == st)]
+            if len(o): ax.plot([mean.index.max() + 1], [o['value'].mean()], 'o', mfc='none', color=condition_color(c), ms=5)
     labels = {condition_label(c): c for c in conds}
     for name, vals in (references or {}).items():
         c = labels.get(name.split(' (')[0])                                  # the matching condition's colour, if any
         ax.plot(range(len(vals)), vals, ls='--', lw=1, label=name, **({'color': condition_color(c)} if c else {}))
+    if banded: band_entry(ax)
     ax.axhline(0, color='k', lw=.5, alpha=.4)
-    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    top = int(d['layer'].max())
+    ticks = list(range(top + 1))
+    if len(out):
+        ax.plot([], [], 'o', mfc='none', color='0.3', ms=5, label='after the last block (output tap)')
+        ax.set_xticks(ticks + [top + 1], [str(t) for t in ticks] + ['out'])
+    else: ax.set_xticks(ticks)
     ax.set_xlabel('Layer'); ax.set_ylabel({'ssdc': 'SSDC', 'ssdc_image': 'per-image SSDC'}.get(metric, metric))
     ax.set_title(title if title is not None else f"{metric} ({mode})")
-    if legend == 'outside': ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
+    if legend == 'outside': ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
     elif legend == 'inside': ax.legend(fontsize=8)
     return ax
 
 # %% ../nbs/10_plots.ipynb #27b93f4e
 def plot_fragility(summary: pd.DataFrame,              # from summarize_fragility (or paper_table5())
                    shifts: Sequence[str] | None = None, # shift names, one panel each (default: all paper shifts)
-                   ax=None, title: str | None = None):
-    "Paper-style point plot: mean FS ± 1 SD per condition (x axis), one panel per shift."
+                   ax: Axes | Sequence[Axes] | None = None,  # one axes per shift (default: a new figure)
+                   title: str | None = None):
+    "Paper-style point plot: mean FS ± 1 SD per condition (x axis, in its colour), one panel per shift."
     import matplotlib.pyplot as plt
     if shifts is None:
         shifts = [s for s in dict.fromkeys(summary['shift']) if s.endswith('/paper')] or \
@@ -88,10 +124,11 @@ def plot_fragility(summary: pd.DataFrame,              # from summarize_fragilit
     for a, name in zip(axes, shifts):
         d = summary[summary['shift'] == name].set_index('condition')
         conds = condition_order(d.index)
-        a.errorbar(range(len(conds)), d.loc[conds, 'fs_mean'], yerr=d.loc[conds, 'fs_sd'].fillna(0), fmt='o',
-                   capsize=4, color='k', ms=6)
+        for i, c in enumerate(conds):
+            a.errorbar([i], [d.loc[c, 'fs_mean']], yerr=[0 if pd.isna(d.loc[c, 'fs_sd']) else d.loc[c, 'fs_sd']], fmt='o',
+                       capsize=4, color=condition_color(c), ms=6)
         a.set_xticks(range(len(conds)), [condition_label(c) for c in conds])
-        a.set_xlim(-.5, len(conds) - .5); a.set_ylabel('Fragility score'); a.grid(axis='y', alpha=.3)
+        a.set_xlim(-.5, len(conds) - .5); a.set_ylabel('Fragility score (mean ± 1 SD)'); a.grid(axis='y', alpha=.3)
         a.set_title(name if title is None else title)
     if ax is None: axes[0].figure.tight_layout()
     return axes[0].figure
@@ -100,11 +137,12 @@ _X_LABELS = {'jpeg': 'ImageNet-C severity (JPEG)', 'blur': 'ImageNet-C severity 
              'mask': 'Masked fraction'}
 
 def plot_shift_curves(summary: pd.DataFrame, kind: str,
-                      metric: str = 'fs',    # 'fs' or 'acc'
-                      ax=None):
+                      metric: str = 'fs',                # 'fs' or 'acc'
+                      ax: Axes | None = None,            # the axes to draw into (default: a new figure)
+                      legend: str = 'inside'):           # 'inside', 'outside' (right of the axes), 'none' (the caller's)
     "Mean ± 1 SD of FS or accuracy against severity (jpeg/blur) or level (shuffle/mask), one line per condition."
     import matplotlib.pyplot as plt
-    check_choice('metric', metric, ('fs', 'acc'))
+    check_choice('metric', metric, ('fs', 'acc')); check_choice('legend', legend, ('inside', 'outside', 'none'))
     d = summary[summary['kind'] == check_choice('kind', kind, _X_LABELS)]
     if kind in ('jpeg', 'blur'): d = d[d['severity'].apply(lambda s: isinstance(s, (int, np.integer)))]
     x = 'severity' if kind in ('jpeg', 'blur') else 'level'
@@ -116,6 +154,9 @@ def plot_shift_curves(summary: pd.DataFrame, kind: str,
     if kind == 'shuffle': ax.set_xscale('log', base=2)
     xs = sorted(d[x].astype(float).unique())
     ax.set_xticks(xs, [f'{v:.4g}' for v in xs])
-    ax.set_xlabel(_X_LABELS[kind]); ax.set_ylabel('Fragility score' if metric == 'fs' else 'Top-1 accuracy')
-    ax.grid(alpha=.3); ax.legend(fontsize=8)
+    ax.set_xlabel(_X_LABELS[kind])
+    ax.set_ylabel(('Fragility score' if metric == 'fs' else 'Top-1 accuracy') + ' (mean ± 1 SD)')
+    ax.grid(alpha=.3)
+    if legend == 'outside': ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
+    elif legend == 'inside': ax.legend(fontsize=8)
     return ax.figure

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from .core import condition_order, read_json, write_atomic
-from .rundir import ExperimentDir, ReportDir, RunDir, find_experiment, recover, staging, swap_in
+from .rundir import ExperimentDir, ReportDir, RunDir, check_writable, find_experiment, recover, staging, swap_in
 from .paper import PAPER_LABEL
 from .results import alpha_rows, load_results, main_rows, write_results
 from .stats import detectable
@@ -128,14 +128,6 @@ def _has(df, **kw) -> bool:
         d = d[d[k].astype(str).isin([str(x) for x in (v if isinstance(v, (list, tuple)) else [v])])]
     return not d.empty
 
-def _check_dest(dest: ReportDir):
-    "A report may only replace a report (or an empty folder): never a folder of something else."
-    p = dest.path
-    if p.exists() and not p.is_dir(): raise NotADirectoryError(f"{p} is a file: give a folder for the report")
-    if p.is_dir() and any(p.iterdir()) and not dest.markdown.exists():
-        raise ValueError(f"{p} holds files that are not a report: give an empty or new folder, or an earlier report's")
-    recover(p)                                  # an earlier report swapped out but not yet removed, unfinished copies
-
 def write_report(results: str | Path | pd.DataFrame,   # an experiment directory, a results CSV, or a table
                  dest: str | Path | None = None,       # default: <experiment dir>/report
                  title: str | None = None,
@@ -152,13 +144,14 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
         if dest is None and p.is_dir(): dest = ExperimentDir(p).report.path
     if dest is None: raise ValueError("dest is needed when results is a table or a CSV")
     dest = ReportDir(Path(dest).absolute())
-    _check_dest(dest)
+    recover(dest.path)                                    # an earlier report swapped out but not yet removed, unfinished copies
+    check_writable(dest.path, 'report', ReportDir.FILES)  # only an earlier report (its own files) or a new or empty folder
     dest.path.parent.mkdir(parents=True, exist_ok=True)
     tmp = ReportDir(staging(dest.path))
     try:
         tmp.figures.mkdir(parents=True)
         _write(df, meta, tmp, title, num_classes)
-        swap_in(tmp.path, dest.path)
+        swap_in(tmp.path, dest.path, 'report', ReportDir.FILES)   # the earlier report's files replaced, nothing else
     finally: shutil.rmtree(tmp.path, ignore_errors=True)
     return dest.markdown
 

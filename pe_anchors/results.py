@@ -5,22 +5,25 @@
 # %% ../nbs/00_results.ipynb #ba5d5bad
 from __future__ import annotations
 import csv, hashlib, io, json
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
 
-from .core import N_PERMS, read_json, write_atomic
-from .rundir import ExperimentDir, RunDir, checksum_file, config_diff, find_experiment, run_setting
+from .core import N_PERMS, RECIPES, Recipe, write_atomic
+from .rundir import (CONFIG, TRAIN, ExperimentDir, RunDir, checksum_file, config_diff, find_experiment,
+                               protocol_diff, run_setting)
+
 
 # %% auto #0
 __all__ = ['RESULT_COLUMNS', 'KEY_COLUMNS', 'REQUIRED_COLUMNS', 'SSDC_MODES', 'SSDC_MODE_METRIC', 'RPI_MODES', 'PEAK_METRIC',
            'SSDC_METRICS', 'DATASET_CLASSES', 'FS_CHANCE_FACTOR', 'result_row', 'result_frame', 'write_results',
            'read_table', 'read_results', 'ssdc_metric', 'peak_rpi', 'with_peak_rpi', 'concat_results', 'one_dataset',
-           'gather', 'disagreement', 'experiment_rows', 'load_results', 'measurement', 'check_runs', 'main_rows',
-           'alpha_rows', 'fragility', 'fragility_frame', 'summarize_fragility', 'seed_values', 'chance_level',
-           'near_chance']
+           'gather', 'disagreement', 'experiment_rows', 'load_results', 'measurement', 'experiment_setting',
+           'check_run', 'check_runs', 'main_rows', 'alpha_rows', 'fragility', 'fragility_frame', 'summarize_fragility',
+           'seed_values', 'chance_level', 'near_chance']
 
 # %% ../nbs/00_results.ipynb #4e4a890d
 RESULT_COLUMNS = ('experiment', 'dataset', 'condition', 'seed', 'stage', 'metric', 'mode', 'layer', 'shift', 'severity',
@@ -264,61 +267,91 @@ def _measured_against(got: dict, exp: dict, sample: int | None) -> list[str]:
         out.append(f"n_images {', '.join(map(str, got['n_images']))}")
     return out
 
+def experiment_setting(exp: dict) -> dict:
+    """What every run of an experiment (its recorded fields) is trained with, as `rundir.run_setting` says it: the full
+    recipe (the named one, `core.RECIPES`, with the experiment's `train_kwargs` over it), the model arguments and, when
+    the experiment names one, the model."""
+    name, kw = exp.get('recipe') or 'fast', exp.get('train_kwargs') or {}
+    if name not in RECIPES: raise ValueError(f"the experiment's recipe {name!r} is not one of {', '.join(RECIPES)}")
+    bad = sorted(set(kw) - set(Recipe.__dataclass_fields__))
+    if bad: raise ValueError(f"the experiment's train_kwargs {bad} are not recipe fields")
+    return json.loads(json.dumps(dict(recipe=asdict(replace(RECIPES[name], **kw)), model_kwargs=exp.get('model_kwargs') or {},
+                                      **({'model': exp['model']} if exp.get('model') else {}))))
+
+def check_run(exp,                                  # the experiment (an `Experiment`, or its recorded fields); None: unknown
+              run_dir: str | Path,
+              df: pd.DataFrame | None = None,       # the run's table, if read
+              sample: int | None = None,            # the size of the experiment's SSDC sample, if recorded
+              kept: bool = False,                   # a results folder's run: its record, without its training run
+             ):
+    """Refuse, in one line naming it, a run that is not a run of experiment `exp`: the one rule of the sweep and of every
+    reader (`check_runs`). The run is what its training config (`train/config.json`, or for a kept run its `run.json`)
+    says; its folder name and its rows must be its own condition and seed, among the experiment's, under its name; its
+    training setting must be the experiment's (`experiment_setting`: the full recipe, the model arguments, the model);
+    its measurement protocol (`run.json`, `rundir.protocol_diff`) and the SSDC images and draws its rows record
+    (`measurement`) must be the experiment's."""
+    exp = exp.to_dict() if hasattr(exp, 'to_dict') else exp
+    rd = RunDir(run_dir)
+    run, where = f"{rd.path.parent.name}/{rd.path.name}", rd.path.parent.parent if rd.path.parent.name == 'runs' else rd.path.parent
+    rec = rd.read_record() if rd.record.exists() else {}
+    cfg = rd.read_config() if rd.train.config.exists() else None
+    if cfg is None and not (kept and rec):
+        if exp is None: return                                              # a table put there by hand: duplicates only
+        raise ValueError(f"{run} has results but no {TRAIN}/{CONFIG}: not a run of this experiment; move it out of {where}")
+    cond, seed = (cfg or rec).get('condition'), (cfg or rec).get('seed')
+    if rd.path.name != RunDir.name(cond, seed):
+        raise ValueError(f"{run} holds run {RunDir.name(cond, seed)} (a copy or a renamed folder); remove it or name it "
+                         f"{RunDir.name(cond, seed)}")
+    rows = {(str(c), int(s)) for c, s in zip(df['condition'], df['seed'])} if df is not None and len(df) else set()
+    if rows - {(cond, seed)}:
+        raise ValueError(f"{run}/{rd.results.name} holds rows of {sorted(rows - {(cond, seed)})[0]} but the run is {cond} seed {seed}")
+    if exp is None: return
+    if cond not in exp.get('conditions', [cond]):
+        raise ValueError(f"{run}: condition {cond!r} is not one of the experiment's conditions {exp['conditions']}; move it out of {where}")
+    if seed not in exp.get('seeds', [seed]):
+        raise ValueError(f"{run}: seed {seed} is not one of the experiment's seeds {exp['seeds']}; move it out of {where}")
+    names = {str(n) for n in df['experiment'].unique() if str(n)} - {exp.get('name')} if df is not None and 'experiment' in df else set()
+    if names: raise ValueError(f"{run}: its rows are of experiment {sorted(names)[0]!r}, not {exp.get('name')!r}; move it out of {where}")
+    if cfg is not None:
+        want = experiment_setting(exp)
+        diff = config_diff(run_setting(cfg), want, defaults=asdict(Recipe()), keys=want)  # (the data: compared across runs)
+        if diff: raise ValueError(f"{run} was trained with another setting than this experiment (differs in "
+                                  f"{', '.join(diff)}); move it out of {where}")
+    diff = protocol_diff(rec.get('protocol'), exp)
+    if diff: raise ValueError(f"{run} was measured with another protocol than this experiment ({'; '.join(diff)}): its numbers "
+                              f"would be averaged with the others'; move it out of {where} or measure it again")
+    diff = _measured_against(measurement(df), exp, sample) if df is not None else []
+    if diff: raise ValueError(f"{run} was measured with other settings than this experiment ({'; '.join(diff)}; the "
+                              f"experiment's: n_images {sample or exp.get('ssdc_images')}, n_perms: "
+                              f"{exp.get('n_perms', N_PERMS)}): its numbers would be averaged with the others'; "
+                              f"move it out of {where} or measure it again")
+
 def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = None):
-    "Refuse a finished run that is not a run of the directory's experiment (see above); `frames`: its tables, if read."
+    """Refuse a finished run of an experiment directory or results folder that is not a run of its experiment
+    (`check_run`, against `experiment.json` or the experiment of `meta.json`) or that was trained or measured otherwise
+    than the others; `frames`: the runs' tables, if read."""
     ed = ExperimentDir(out_dir)
-    out_dir = ed.path
     if frames is None: frames = {k: read_results(f) for k, f in ed.run_tables().items()}
-    exp = read_json(ed.experiment) if ed.experiment.exists() else None
-    sample = read_json(ed.sample).get('n_images') if ed.sample.exists() else None
+    exp, s = ed.record(), ed.sample_record()
     seen, measured = {}, {}
     for key, df in frames.items():
-        rd = RunDir(out_dir / Path(key).parent)
-        run = rd.path.relative_to(out_dir)                                  # runs/<condition>-s<seed>
-        if not rd.train.config.exists():
-            if exp is None: continue                                        # a table put there by hand: duplicates only
-            raise ValueError(f"{run} has results but no {rd.train.config.relative_to(rd.path)}: not a run of this "
-                             f"experiment; move it out of {out_dir}")
-        cfg = rd.read_config()
-        cond, seed = cfg.get('condition'), cfg.get('seed')
-        if run.name != RunDir.name(cond, seed):
-            raise ValueError(f"{run} holds run {RunDir.name(cond, seed)} (a copy or a renamed folder); remove it or name it "
-                             f"{RunDir.name(cond, seed)}")
-        rows = {(str(c), int(s)) for c, s in zip(df['condition'], df['seed'])} if len(df) else set()
-        if rows - {(cond, seed)}:
-            raise ValueError(f"{key} holds rows of {sorted(rows - {(cond, seed)})[0]} but the run is {cond} seed {seed}")
-        if exp is not None:
-            if cond not in exp.get('conditions', [cond]):
-                raise ValueError(f"{run}: condition {cond!r} is not one of the experiment's conditions {exp['conditions']}; "
-                                 f"move it out of {out_dir}")
-            if seed not in exp.get('seeds', [seed]):
-                raise ValueError(f"{run}: seed {seed} is not one of the experiment's seeds {exp['seeds']}; move it out of {out_dir}")
-            names = {str(n) for n in df['experiment'].unique() if str(n)} - {exp.get('name')} if 'experiment' in df else set()
-            if names:
-                raise ValueError(f"{run}: its rows are of experiment {sorted(names)[0]!r}, not {exp.get('name')!r}; move it out of {out_dir}")
-            want = dict(recipe=exp.get('train_kwargs') or {}, model_kwargs=exp.get('model_kwargs') or {},
-                        **({'model': exp['model']} if exp.get('model') else {}))          # what the experiment sets
-            diff = config_diff(run_setting(cfg), want, keys=want)   # (the data may be a prebuilt dataset: compared across runs)
-            if diff: raise ValueError(f"{run} was trained with another setting than this experiment (differs in "
-                                      f"{', '.join(diff)}); move it out of {out_dir}")
-            diff = _measured_against(measurement(df), exp, sample)
-            if diff: raise ValueError(f"{run} was measured with other settings than this experiment ({'; '.join(diff)}; the "
-                                      f"experiment's: n_images {sample or exp.get('ssdc_images')}, n_perms: "
-                                      f"{exp.get('n_perms', N_PERMS)}): its numbers would be averaged with the others'; "
-                                      f"move it out of {out_dir} or measure it again")
+        rd = RunDir(ed.path / Path(key).parent)
+        run = rd.path.relative_to(ed.path)                                  # runs/<condition>-s<seed>
+        check_run(exp, rd.path, df, s.get('n_images') if s else None, kept=not ed.experiment.exists())
         got = measurement(df)
         for other, m in measured.items():
             diff = [k for k in got if got[k] and m[k] and got[k] != m[k]]
             if diff: raise ValueError(f"{run} and {other} were measured with other settings (differ in "
                                       f"{', '.join(f'{k} {got[k]} against {m[k]}' for k in diff)}): their numbers do not "
-                                      f"average; move the foreign one out of {out_dir} or measure it again")
+                                      f"average; move the foreign one out of {ed.path} or measure it again")
             break
         measured[run] = got
-        setting = run_setting(cfg)
-        for other, s in seen.items():
-            diff = config_diff(s, setting)               # recipe fields only one of them records (added later): not compared
+        if not rd.train.config.exists(): continue
+        setting = run_setting(rd.read_config())
+        for other, st in seen.items():
+            diff = config_diff(st, setting)              # recipe fields only one of them records (added later): not compared
             if diff: raise ValueError(f"{run} and {other} were trained with different settings (differ in {', '.join(diff)}): "
-                                      f"they are not runs of one experiment; move the foreign one out of {out_dir}")
+                                      f"they are not runs of one experiment; move the foreign one out of {ed.path}")
             break                                                           # all earlier ones agree with the first
         seen[run] = setting
 

@@ -4,19 +4,20 @@
 
 # %% ../nbs/00b_rundir.ipynb #45187361
 from __future__ import annotations
-import json, os, re, shutil, uuid
+import contextlib, errno, json, os, re, shutil, uuid
 from pathlib import Path
 from typing import Iterable
 
-from .core import read_json
+from .core import read_json, write_atomic
 
 # %% auto #0
 __all__ = ['CONFIG', 'METRICS', 'FINAL', 'MODEL_FILE', 'CHECKPOINTS', 'STATE', 'CHECKPOINT_GLOB', 'SNAPSHOTS', 'TRAIN', 'RESULTS',
            'RUN_RECORD', 'KEPT_MODEL', 'RUNS', 'EXPERIMENT', 'META', 'SAMPLE', 'SHIFTS', 'CACHE', 'REPORT', 'MECH',
-           'LOCK', 'CHECKSUM', 'CHECKPOINT_TMP', 'LEFTOVERS', 'RUN_FORMS', 'EXPERIMENT_FORMS', 'VOLATILE',
-           'checksum_file', 'is_hub_folder', 'hub_files', 'RunLock', 'remove_leftovers', 'TrainDir', 'RunDir',
-           'find_run', 'train_dir_of', 'ExperimentDir', 'find_experiment', 'ReportDir', 'staging', 'swap_in', 'recover',
-           'config_diff', 'run_setting']
+           'LOCK', 'CHECKSUM', 'CHECKPOINT_TMP', 'LEFTOVERS', 'RUN_FORMS', 'EXPERIMENT_FORMS', 'MANIFEST', 'STUDIES',
+           'STUDY_RECORD', 'VOLATILE', 'PROTOCOL', 'checksum_file', 'is_hub_folder', 'hub_files', 'RunLock',
+           'remove_leftovers', 'TrainDir', 'RunDir', 'find_run', 'train_dir_of', 'ExperimentDir', 'find_experiment',
+           'ReportDir', 'staging', 'folder_files', 'written', 'check_writable', 'swap_in', 'recover', 'StudyDir',
+           'config_diff', 'run_protocol', 'protocol_diff', 'run_setting']
 
 # %% ../nbs/00b_rundir.ipynb #9a6a7084
 CONFIG, METRICS, FINAL, MODEL_FILE = 'config.json', 'metrics.csv', 'final.json', 'model.safetensors'   # a training run
@@ -379,6 +380,7 @@ def _is_experiment(d: Path) -> bool:
 # %% ../nbs/00b_rundir.ipynb #f81a14eb
 class ReportDir:
     "A report folder: report.md, report.html, figures/ and the table and meta.json it was made from."
+    FILES = ('report.md', 'report.html', 'figures', RESULTS, RESULTS + CHECKSUM, META)   # what a report writes, at the top
     def __init__(self, path: str | Path): self.path = Path(path)
     def __repr__(self) -> str: return f"ReportDir({str(self.path)!r})"
     @property
@@ -408,18 +410,90 @@ class ReportDir:
         "How the report's pages refer to one of its files (relative to the folder)."
         return Path(p).relative_to(self.path).as_posix()
 
+MANIFEST = '.manifest.json'      # what a writer put in a folder it swapped in (its kind, its files): all its next write may replace
+
 def staging(dest: str | Path, kind: str = 'tmp') -> Path:
     "A hidden sibling of `dest` with a unique name (`.NAME.tmp-XXXXXXXX`), to write its replacement in."
     dest = Path(dest)
     return dest.with_name(f".{dest.name}.{kind}-{uuid.uuid4().hex[:8]}")
 
-def swap_in(tmp: str | Path, dest: str | Path):
-    "Put folder `tmp` at `dest`, replacing what is there: two renames, the old one removed after."
+def _nobodys(name: str) -> bool:
+    "A top-level name no writer owns: the manifest, a lock, a killed writer's leftover."
+    return name in (MANIFEST, LOCK) or bool(LEFTOVERS.match(name))
+
+def _top(files: Iterable[str]) -> set[str]: return {f.split('/', 1)[0] for f in files}
+
+def folder_files(d: str | Path) -> set[str]:
+    "Everything in folder `d` as relative POSIX paths: files, links, empty folders (`name/`); not the manifest, locks or leftovers."
+    d, out = Path(d), set()
+    if not d.is_dir(): return out
+    for root, dirs, files in os.walk(d):                          # links to folders are listed, never followed
+        r = Path(root)
+        if r == d: dirs[:] = [x for x in dirs if not _nobodys(x)]; files = [x for x in files if not _nobodys(x)]
+        names = files + [x for x in dirs if (r / x).is_symlink()]
+        if not names and not dirs and r != d: out.add(r.relative_to(d).as_posix() + '/')
+        out |= {(r / n).relative_to(d).as_posix() for n in names}
+    return out
+
+def written(dest: str | Path, kind: str = 'run', mine: Iterable[str] = ()) -> set[str] | None:
+    """The files a writer of `kind` put in folder `dest` before: those its manifest lists; in a folder written before
+    manifests existed, all of them when every top-level entry is one of `mine` (the names the writer writes); an empty
+    set for a missing or empty folder; None when `dest` holds anything else (or another kind's files)."""
+    dest = Path(dest)
+    have = folder_files(dest)
+    if (dest / MANIFEST).exists():
+        m = read_json(dest / MANIFEST)
+        return set(m.get('files', [])) & have if m.get('kind') == kind else None
+    if not have: return set()
+    return have if {t.rstrip('/') for t in _top(have)} <= set(mine) else None
+
+def check_writable(dest: str | Path, kind: str = 'run', mine: Iterable[str] = ()) -> set[str]:
+    "The files of `dest` a writer of `kind` may replace (`written`); a one-line error when `dest` is a file or holds anything else."
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir(): raise NotADirectoryError(f"{dest} is a file: give a folder for the {kind}")
+    old = written(dest, kind, mine)
+    if old is None:
+        other = sorted(_top(folder_files(dest)) | ({MANIFEST} if (dest / MANIFEST).exists() else set()))
+        raise ValueError(f"{dest} holds files that are not a {kind}'s ({', '.join(other[:4])}{', ...' if len(other) > 4 else ''}): "
+                         f"give an empty or new folder, or an earlier {kind}'s (nothing was changed)")
+    return old
+
+def _move(src: Path, dst: Path):
+    "Rename `src` onto `dst` (copied, then renamed into place, across file systems)."
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try: os.replace(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV: raise
+        tmp = staging(dst); shutil.copy2(src, tmp, follow_symlinks=False); os.replace(tmp, dst)
+
+def swap_in(tmp: str | Path, dest: str | Path, kind: str = 'run', mine: Iterable[str] = ()):
+    """Put the content of folder `tmp` at `dest`, replacing only what the last writer of `kind` put there (`written`) and
+    recording what it puts (`MANIFEST`). A folder that holds nothing else is swapped whole (two renames: a reader finds
+    the old one or the new one); else file by file, and everything else is left as it is."""
     tmp, dest = Path(tmp), Path(dest)
-    old = staging(dest, 'old')
-    if dest.exists(): os.replace(dest, old)
-    os.replace(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    new = folder_files(tmp)
+    old = check_writable(dest, kind, set(mine) | {t.rstrip('/') for t in _top(new)})
+    other = folder_files(dest) - old
+    if other & new: raise ValueError(f"{dest / sorted(other & new)[0]} is not the {kind}'s: move it away (nothing was changed)")
+    write_atomic(tmp / MANIFEST, json.dumps(dict(kind=kind, files=sorted(new)), indent=1))
+    if not dest.exists(): os.replace(tmp, dest); return
+    if not (dest.is_symlink() or os.path.ismount(dest)) and set(os.listdir(dest)) <= {MANIFEST} | {t.rstrip('/') for t in _top(old)}:
+        gone = staging(dest, 'old')                                    # only the writer's own files: swapped whole
+        os.replace(dest, gone); os.replace(tmp, dest); shutil.rmtree(gone, ignore_errors=True); return
+    write_atomic(dest / MANIFEST, json.dumps(dict(kind=kind, files=sorted(old | new)), indent=1))   # a kill now: all listed
+    for f in sorted(new):
+        if f.endswith('/'): (dest / f).mkdir(parents=True, exist_ok=True)
+        else: _move(tmp / f, dest / f)
+    for f in sorted(old - new, reverse=True):                          # files before their folders
+        p = dest / f
+        if f.endswith('/'):
+            with contextlib.suppress(OSError): p.rmdir()
+        else: p.unlink(missing_ok=True)
+        for up in p.parents:                                           # folders it leaves empty, if they were the writer's
+            if up == dest or not any(g.startswith(up.relative_to(dest).as_posix() + '/') for g in old): break
+            with contextlib.suppress(OSError): up.rmdir()
+    write_atomic(dest / MANIFEST, json.dumps(dict(kind=kind, files=sorted(new)), indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
 
 def recover(dest: str | Path):
     "After a writer was killed: put back the old `dest` if only it is left (`.NAME.old-*`), delete unfinished copies."
@@ -429,8 +503,42 @@ def recover(dest: str | Path):
         else: shutil.rmtree(left, ignore_errors=True)
     for left in dest.parent.glob(f".{dest.name}.tmp-*"): shutil.rmtree(left, ignore_errors=True)
 
+
+# %% ../nbs/00b_rundir.ipynb #c3d5e7f1
+STUDIES, STUDY_RECORD = 'studies', 'record.json'
+
+class StudyDir:
+    "Where study `name` writes: a folder per run (`studies/<name>/<run>/`: tables and `record.json`), the gathered tables in `path`."
+    def __init__(self, path: str | Path, name: str): self.path, self.name = Path(path), name
+    def __repr__(self) -> str: return f"StudyDir({str(self.path)!r}, {self.name!r})"
+    @property
+    def folder(self) -> Path:
+        "The folder of the per-run folders."
+        return self.path / STUDIES / self.name
+    def run(self, condition: str, seed: int) -> Path:
+        "The folder of run (condition, seed)."
+        return self.folder / RunDir.name(condition, seed)
+    def record(self, condition: str, seed: int) -> Path:
+        "What was measured on run (condition, seed): settings, protocol, the model's checksum."
+        return self.run(condition, seed) / STUDY_RECORD
+    def table(self, table: str) -> Path:
+        "A gathered table (every run's rows)."
+        return self.path / f'{table}.csv'
+    def runs(self) -> list[tuple[str, int]]:
+        "(condition, seed) of every run folder with a record."
+        if not self.folder.is_dir(): return []
+        out = []
+        for d in sorted(self.folder.iterdir()):
+            if d.is_dir() and not d.name.startswith('.') and (d / STUDY_RECORD).exists():
+                c, _, s = d.name.rpartition('-s'); out.append((c, int(s)))
+        return out
+    def lock(self) -> RunLock:
+        "Held (exclusive) by the process writing the study."
+        return RunLock(self.folder)
+
 # %% ../nbs/00b_rundir.ipynb #b3231bf4
-VOLATILE = ('hardware', 'versions', 'created', 'world_size', 'device')    # recorded for information, never compared
+VOLATILE = ('hardware', 'versions', 'created', 'world_size', 'device', 'cpu', 'threads')   # for information, never compared
+PROTOCOL = ('ssdc_images', 'sample_seed', 'n_perms', 'rpi_mode', 'shift_ref_size')   # how an experiment measures its runs
 
 def _json(o): return json.loads(json.dumps(o))                            # tuples as lists, as the files hold them
 
@@ -449,6 +557,15 @@ def config_diff(have: dict, want: dict,
         fields = [f'recipe.{k}' for k in sorted(names) if a.get(k) != b.get(k)]
         keys.discard('recipe')
     return sorted(k for k in keys if k not in VOLATILE and have.get(k) != want.get(k)) + fields
+
+def run_protocol(exp: dict) -> dict:
+    "An experiment's measurement protocol (`PROTOCOL`, from its recorded fields): what each run records in `run.json`, and is compared by."
+    return _json({k: exp[k] for k in PROTOCOL if k in exp})
+
+def protocol_diff(have: dict | None, want: dict) -> list[str]:
+    "Where a run's recorded protocol `have` differs from `want` (`[]`: the same, or no record: measured with `want`, as runs were before they recorded it)."
+    have, want = _json(have or {}), run_protocol(want)
+    return [f"{k} {have[k]!r} against {want[k]!r}" for k in PROTOCOL if k in have and k in want and have[k] != want[k]]
 
 def run_setting(cfg: dict) -> dict:
     "What every run of one experiment shares in its training config: recipe, model, model kwargs, classes, data (less its location)."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/16_shift_study.ipynb #c80e05bd
 from __future__ import annotations
-import copy, json, math, os, time
+import copy, json, math, time
 from pathlib import Path
 from typing import Sequence
 
@@ -12,112 +12,61 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from scipy import stats
 
-from .core import (check_choice, code_version, condition_label, condition_order, hardware_info, pbar, read_json,
-                             run_perm_seed, show_progress as interactive, write_atomic)
+from .core import code_version, condition_order, hardware_info, read_json, write_atomic
 from .anatomy import anatomy
-from .data import ImageData, stratified_sample
-from .robustness import ShiftedSets, TensorBatches, evaluate_accuracy, evaluate_shifts, structure_shifts
-from .corruptions import CORRUPTIONS, Corruption, available_corruptions
+from .data import ImageData
+from .robustness import TensorBatches, evaluate_accuracy, evaluate_shifts, structure_shifts
+from .corruptions import CORRUPTIONS, available_corruptions
 from .interventions import ssdc_trajectories
-from .results import read_table, write_results
-from .experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept, load_trained
+from .config import experiment_of
+from .evaluate import experiment_data
+from .kept import load_trained
 from .rundir import ExperimentDir, hub_files
 from .hub import save_hub
 from .learner import train
+from .study import Study, StudyRun, corrupted_sets, run_study
+
 
 # %% auto #0
-__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'XU_SHUFFLES', 'XU_MASKS', 'XU_KEPT', 'XU_CNN', 'ANCHOR_FREE', 'DOSE_SET',
-           'DOSE_PAIRS', 'DOSE_LEVERS', 'ASSOC_ANCHORS', 'corruption_study', 'corruption_summary', 'resolution_study',
-           'xu_shifts', 'sensitivity_study', 'cifar10_sensitivity', 'association', 'dose_points', 'dose_response',
-           'fig_dose', 'model_rows', 'model_name', 'pooled_sd', 'pair_line', 'dose_reading', 'lever_reading',
-           'fig_curves', 'model_labels', 'association_points']
+__all__ = ['CATEGORIES', 'RESOLUTION_RULES', 'XU_SHUFFLES', 'XU_MASKS', 'XU_KEPT', 'XU_CNN', 'corruption_declaration',
+           'corruption_study', 'resolution_declaration', 'resolution_study', 'xu_shifts', 'sensitivity_study',
+           'cifar10_sensitivity']
 
 # %% ../nbs/16_shift_study.ipynb #18966ee1
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
 
-def _stored(out: Path | None, exp_name: str, what: str) -> pd.DataFrame | None:
-    "The table `out` an earlier call of a study wrote (None: there is none), refused if it is another experiment's."
-    if out is None or not Path(out).exists(): return None
-    old = read_table(out, dtype={'condition': str})
-    other = set(old['experiment'].astype(str)) - {exp_name} if 'experiment' in old else {'?'}
-    if other: raise ValueError(f"{out} holds the {what} of {', '.join(sorted(other))}, not of {exp_name}: "
-                               "give this experiment's own table (or a new path)")
-    return old
+def _corruption(r: StudyRun) -> pd.DataFrame:
+    p = r.prepared
+    df = evaluate_shifts({(r.condition, r.seed): r.model}, p['sets'], p['shifts'], normalize=r.ev.data.normalize, show=False)
+    df = df[df['shift'] != 'clean'].rename(columns={'kind': 'corruption'})
+    df['category'] = df['corruption'].map(lambda n: CORRUPTIONS[n]['category'])
+    df.insert(0, 'experiment', r.exp.name)
+    return df[['experiment', 'condition', 'seed', 'corruption', 'category', 'severity', 'acc', 'acc_clean', 'fs', 'n']]
 
-def _merged(old: pd.DataFrame | None, new: pd.DataFrame, c: str, s: int) -> pd.DataFrame:
-    "`old` with the rows of model (c, s) replaced by `new`."
-    if old is None or not len(old): return new.reset_index(drop=True)
-    keep = old[~((old['condition'].astype(str) == c) & (old['seed'].astype(int) == s))]
-    return pd.concat([keep, new], ignore_index=True)
-
-def _per_model(runs, old, done, measure, out, show_progress, comment) -> pd.DataFrame:
-    """Measure each (condition, seed) of `runs` that `done(rows)` says `old` lacks, writing the whole table to `out` after each.
-    Where no bar can be drawn (a log file, `nohup`) and `show_progress` is None, one line per model measured instead."""
-    table = old
-    lines = show_progress is None and not interactive() and os.environ.get('PE_ANCHORS_QUIET', '0') != '1'
-    for i, (c, s) in enumerate(pbar(runs, show=show_progress, comment=comment)):
-        have = None if old is None else old[(old['condition'].astype(str) == c) & (old['seed'].astype(int) == s)]
-        if have is not None and len(have) and done(have): continue
-        t = time.perf_counter()
-        table = _merged(table, measure(c, s), c, s)
-        if out is not None: write_results(table, out)
-        if lines: print(f"{comment}: {condition_label(c)}, seed {s} measured in {time.perf_counter() - t:.0f} s "
-                        f"({i + 1} of {len(runs)})", flush=True)
-    if table is None: raise ValueError("nothing was measured")
-    sel = pd.Series(False, index=table.index)
-    for c, s in runs: sel |= (table['condition'].astype(str) == c) & (table['seed'].astype(int) == s)
-    return table[sel].reset_index(drop=True)
-
-def _subset(ev: EvalData, n_images: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    idx = stratified_sample(ev.labels, n_images, seed)
-    x, y = ev.images[idx], ev.labels[idx]
-    return [(x[i:i + ev.eval_bs], y[i:i + ev.eval_bs]) for i in range(0, len(x), ev.eval_bs)]
+def corruption_declaration(n_images: int = 2000,          # the class-stratified validation subset every set is built on
+                           names: Sequence[str] | None = None, # corruptions (default: those that run here, available_corruptions)
+                           severities: Sequence[int] = (1, 2, 3, 4, 5),
+                           seed: int = 0,
+                           cache_dir: str | Path | None = None) -> Study:
+    "The CIFAR-10-C study (`cifar10c.csv`): accuracy and FS of a model under every corruption × severity."
+    names = list(names or available_corruptions())
+    return Study('cifar10c', _corruption, settings=dict(n_images=int(n_images), corruptions=names,
+                                                        severities=[int(s) for s in severities], seed=seed),
+                 prepare=lambda ctx: corrupted_sets(ctx, n_images, names, severities, seed, cache_dir),
+                 description='CIFAR-10-C: every corruption at its severities, on one stratified subset')
 
 def corruption_study(path: str | Path,                 # an experiment directory or a results folder with kept models
-                     n_images: int = 2000,             # the class-stratified validation subset every set is built on
-                     names: Sequence[str] | None = None, # corruptions (default: those that run here, available_corruptions)
-                     severities: Sequence[int] = (1, 2, 3, 4, 5),
+                     n_images: int = 2000, names: Sequence[str] | None = None, severities: Sequence[int] = (1, 2, 3, 4, 5),
                      conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
                      data_path: str | Path | None = None, device=None, seed: int = 0,
                      cache_dir: str | Path | None = None, # corrupted sets are kept here for the next call
-                     out: str | Path | None = None,    # a table to keep: models it holds for these settings are not measured again
-                     show_progress: bool | None = None,
+                     out: str | Path | None = None,    # where its tables go (default: `path`)
+                     restart: bool = False, show_progress: bool | None = None,
                     ) -> pd.DataFrame:
     "Accuracy and fragility of every kept model under every corruption × severity, on one stratified validation subset."
-    path = Path(path)
-    exp = experiment_of(path)
-    runs = [(c, s) for c, s in kept_runs(path) if (conditions is None or c in conditions) and (seeds is None or s in seeds)]
-    if not runs: raise FileNotFoundError(f"no kept models under {path / 'runs'}")
-    ev = EvalData(experiment_data(exp, data_path), exp.ssdc_images, exp.eval_bs, device, sample_seed=exp.sample_seed)
-    names = list(names or available_corruptions())
-    for n in names:
-        if n not in CORRUPTIONS: raise ValueError(f"unknown corruption {n!r}; valid: {', '.join(CORRUPTIONS)}")
-    shifts = [Corruption(n, s, seed) for n in names for s in severities]
-    sets = ShiftedSets(_subset(ev, n_images, seed), ev.device, cache_dir, f"{ev.dataset_id}-c{n_images}-s{seed}", exp.eval_bs)
-    want = {(n, int(s)) for n in names for s in severities}
-    def measure(c, s):
-        df = evaluate_shifts({(c, s): load_kept(path, c, s, ev=ev).model}, sets, shifts, normalize=ev.data.normalize, show=False)
-        df = df[df['shift'] != 'clean'].rename(columns={'kind': 'corruption'})
-        df['category'] = df['corruption'].map(lambda n: CORRUPTIONS[n]['category'])
-        df.insert(0, 'experiment', exp.name)
-        return df[['experiment', 'condition', 'seed', 'corruption', 'category', 'severity', 'acc', 'acc_clean', 'fs', 'n']]
-    old = _stored(out, exp.name, 'corruption study')
-    n = len(sets.clean.labels)
-    if old is not None and set(old['n'].astype(int)) != {n}:
-        raise ValueError(f"{out} was measured on {', '.join(map(str, sorted(set(old['n'].astype(int)))))} images a set, this call "
-                         f"asks {n}: give the same number of images, or a new table")
-    done = lambda have: want <= set(zip(have['corruption'], have['severity'].astype(int)))
-    return _per_model(runs, old, done, measure, out, show_progress, 'corruption study')
-
-def corruption_summary(df: pd.DataFrame, by: str = 'category') -> pd.DataFrame:
-    "Mean FS per condition (over seeds' means) and corruption or category, and overall: the CIFAR-10-C table."
-    per_seed = df.groupby(['condition', 'seed', by])['fs'].mean().reset_index()
-    t = per_seed.groupby(['condition', by])['fs'].mean().unstack(by)
-    t['mean FS'] = df.groupby(['condition', 'seed'])['fs'].mean().groupby('condition').mean()
-    t['seeds'] = df.groupby('condition')['seed'].nunique()
-    return t.loc[condition_order(t.index)]
+    return run_study(corruption_declaration(n_images, names, severities, seed, cache_dir), path, out, conditions, seeds,
+                     data_path, device, restart=restart, show_progress=show_progress)
 
 # %% ../nbs/16_shift_study.ipynb #853b221a
 RESOLUTION_RULES = ('index', 'ref')
@@ -137,24 +86,11 @@ def _upsampled(batches, size: int):
         yield (F.interpolate(x.float(), size=(size, size), mode='bilinear', antialias=True, align_corners=False)
                .round().clamp(0, 255).to(torch.uint8), y)
 
-def resolution_study(path: str | Path,
-                     sizes: Sequence[int] = (32, 40, 48, 64),   # test image sides (multiples of the patch size)
-                     conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-                     data_path: str | Path | None = None, device=None,
-                     ssdc: bool = True,                  # also SSDC per layer, unpermuted and under RPI, at each size
-                     out: str | Path | None = None,      # a table to keep: models it holds for these sizes are not measured again
-                     show_progress: bool | None = None,
-                    ) -> pd.DataFrame:
-    "Clean accuracy (and SSDC per layer) of every kept model at each test size, by each resizing rule its PE has."
-    path = Path(path)
-    exp = experiment_of(path)
-    runs = [(c, s) for c, s in kept_runs(path) if (conditions is None or c in conditions) and (seeds is None or s in seeds)]
-    if not runs: raise FileNotFoundError(f"no kept models under {path / 'runs'}")
-    ev = EvalData(experiment_data(exp, data_path), exp.ssdc_images, exp.eval_bs, device, sample_seed=exp.sample_seed)
-    sample = ev.images[ev.ssdc_index]
-    def measure(c, s):
-        rows, frames = [], []
-        model = load_kept(path, c, s, ev=ev).model
+def _resolution(sizes: Sequence[int], ssdc: bool):
+    def measure(r: StudyRun) -> pd.DataFrame:
+        ev, exp, (c, s) = r.ev, r.exp, (r.condition, r.seed)
+        sample = ev.images[ev.ssdc_index]
+        rows, frames, model = [], [], r.model
         patch = anatomy(model).img_size[0] // anatomy(model).grid_size[0]
         for rule in RESOLUTION_RULES:
             for size in sizes:
@@ -169,16 +105,30 @@ def resolution_study(path: str | Path,
                 if ssdc:
                     xs = next(_upsampled([(sample, torch.zeros(len(sample)))], size))[0]
                     b = [ev.data.normalize(xs[i:i + exp.eval_bs].to(ev.device)) for i in range(0, len(xs), exp.eval_bs)]
-                    t = ssdc_trajectories(m, b, modes=('normal', exp.rpi_mode), n_perms=exp.n_perms, perm_seed=run_perm_seed(s),
+                    t = ssdc_trajectories(m, b, modes=('normal', r.rpi_mode), n_perms=r.n_perms, perm_seed=r.perm_seed,
                                           measure_kwargs=dict(show_progress=False, layers=range(anatomy(m).depth + 1)))
                     frames.append(t[['metric', 'mode', 'layer', 'value']].assign(**meta))
         return pd.concat([pd.DataFrame(rows)] + frames, ignore_index=True)
-    def done(have):                                                    # every size measured (or refused) by the index rule
-        idx = have[have['rule'] == 'index']
-        acc = idx[idx['metric'] == 'acc']
-        asked, refused = {int(z) for z in sizes}, set(acc.loc[acc['value'].isna(), 'size'].astype(int))
-        return asked <= set(acc['size'].astype(int)) and (not ssdc or asked - refused <= set(idx.loc[idx['metric'] == 'ssdc', 'size'].astype(int)))
-    return _per_model(runs, _stored(out, exp.name, 'resolution study'), done, measure, out, show_progress, 'resolution study')
+    return measure
+
+def resolution_declaration(sizes: Sequence[int] = (32, 40, 48, 64), ssdc: bool = True) -> Study:
+    "The test-size study (`resolution.csv`): clean accuracy (and SSDC per layer) at each size, by each resizing rule of the PE."
+    return Study('resolution', _resolution(tuple(int(z) for z in sizes), ssdc),
+                 settings=dict(sizes=[int(z) for z in sizes], ssdc=bool(ssdc), rules=list(RESOLUTION_RULES)),
+                 description='clean accuracy and SSDC at test sizes above the training grid')
+
+def resolution_study(path: str | Path,
+                     sizes: Sequence[int] = (32, 40, 48, 64),   # test image sides (multiples of the patch size)
+                     conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+                     data_path: str | Path | None = None, device=None,
+                     ssdc: bool = True,                  # also SSDC per layer, unpermuted and under RPI, at each size
+                     out: str | Path | None = None,      # where its tables go (default: `path`)
+                     restart: bool = False, show_progress: bool | None = None,
+                    ) -> pd.DataFrame:
+    "Clean accuracy (and SSDC per layer) of every kept model at each test size, by each resizing rule its PE has."
+    return run_study(resolution_declaration(sizes, ssdc), path, out, conditions, seeds, data_path, device,
+                     restart=restart, show_progress=show_progress)
+
 
 # %% ../nbs/16_shift_study.ipynb #24c9feb7
 XU_SHUFFLES, XU_MASKS = (2, 4, 8), (.1, .25, .5, .75, .9)
@@ -249,381 +199,3 @@ def cifar10_sensitivity(results: str | Path,         # the results folder holdin
     meta.pop('ssdc', None)
     write_atomic(meta_file, json.dumps(meta, indent=2) + '\n')
     return sens
-
-# %% ../nbs/16_shift_study.ipynb #df02ea71
-ANCHOR_FREE = ('nope', 'rpt', 'alibi')   # conditions without index anchoring (by construction or by their verdict)
-
-def _partial_spearman(x, y, z) -> float:
-    rx, ry, rz = (stats.rankdata(v) for v in (x, y, z))
-    res = lambda a: a - np.polyval(np.polyfit(rz, a, 1), rz)
-    return float(stats.pearsonr(res(rx), res(ry)).statistic) if len(x) > 3 else math.nan
-
-def association(anchor: pd.Series,               # per condition: an anchoring measure (means over seeds)
-                fragility: pd.DataFrame,         # per condition (index) × shift (columns): FS (means over seeds)
-                clean: pd.Series | None = None,  # per condition: clean accuracy, partialled out when given
-                exclude: Sequence[str] = ANCHOR_FREE,    # conditions left out of the second subset
-                condition_of: pd.Series | None = None,   # per index entry: its condition, where the index names models
-                n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    "Per shift: Spearman ρ of anchoring against FS over conditions with a bootstrap interval, without `exclude`, and partial on clean accuracy."
-    rng = np.random.default_rng(seed)
-    cond = (lambda k: condition_of[k]) if condition_of is not None else (lambda k: k)
-    rows = []
-    for shift in fragility.columns:
-        for subset, keep in (('all', list(anchor.index)), ('without ' + '/'.join(condition_label(c) for c in exclude),
-                                                             [k for k in anchor.index if cond(k) not in exclude])):
-            conds = [c for c in keep if c in fragility.index and np.isfinite(fragility.loc[c, shift])]
-            a, f = anchor[conds].to_numpy(float), fragility.loc[conds, shift].to_numpy(float)
-            rho = stats.spearmanr(a, f).statistic if len(conds) > 2 else math.nan
-            boots = []
-            for _ in range(n_boot if len(conds) > 3 else 0):
-                i = rng.integers(0, len(conds), len(conds))
-                if len(set(i)) > 2:
-                    r = stats.spearmanr(a[i], f[i]).statistic
-                    if np.isfinite(r): boots.append(r)
-            lo, hi = (np.percentile(boots, [2.5, 97.5]) if boots else (math.nan, math.nan))
-            part = _partial_spearman(a, f, clean[conds].to_numpy(float)) if clean is not None and len(conds) > 3 else math.nan
-            rows.append(dict(shift=shift, subset=subset, n=len(conds), rho=float(rho), low=float(lo), high=float(hi),
-                             partial_rho=part))
-    return pd.DataFrame(rows)
-
-# %% ../nbs/16_shift_study.ipynb #ad29a118
-DOSE_SET = ('nope', 'spe_x025', 'spe_x05', 'spe', 'random_table', 'smooth_table')   # fixed additive tables: one backbone
-DOSE_PAIRS = (('peg', 'peg_circular'), ('nope_conv', 'nope_conv_circular'))   # one change trained in (RoPE's levers: lever_reading)
-
-def _point(df, c, s, alpha=None) -> dict:
-    from pe_anchors.measures import Missing, acc, delta, fs, peak, per_seed, rpi, table_ssdc
-    out = {}
-    for name, q in (('peak', peak()), ('layer0', rpi(0)), ('delta', delta()), ('table_ssdc', table_ssdc()), ('acc', acc()),
-                    ('fs_jpeg', fs('jpeg')), ('fs_blur', fs('blur'))):
-        if alpha is not None and name == 'table_ssdc': q = table_ssdc()
-        elif alpha is not None: q = q.at(alpha)
-        try: v = per_seed(df, c, q); out[name] = float(v[s]) if s in v.index else np.nan
-        except Missing: out[name] = np.nan
-    return out | _profile(df, c, s, alpha)
-
-def _rpi_rows(df, c, s=None, alpha=None) -> pd.DataFrame:
-    "The trained RPI-SSDC rows of `c` (seed `s`, or every seed), ordinary or at α of the sweep, with `out`: the output tap's row."
-    from pe_anchors.measures import rpi_mode
-    from pe_anchors.results import alpha_rows, main_rows, ssdc_metric
-    mode = rpi_mode(df)
-    d = main_rows(df) if alpha is None else alpha_rows(df)
-    d = d[(d['condition'] == c) & (d['stage'] == 'trained') & (d['mode'] == mode) & (d['metric'] == ssdc_metric(mode))
-          & (d['layer'] >= 0) & d['value'].notna()]
-    if s is not None: d = d[d['seed'] == s]
-    if alpha is not None: d = d[np.isclose(d['alpha'].astype(float), alpha)]
-    return d.assign(out=(d['tap'].fillna('').astype(str) == 'output') if 'tap' in d else False)
-
-def _profile(df, c, s, alpha=None) -> dict:
-    "Seed `s` of `c`: the layer of its peak RPI-SSDC, how many block inputs its curve has, and the RPI-SSDC at the output tap."
-    d = _rpi_rows(df, c, s, alpha)
-    blocks, out = d[~d['out']], d[d['out']]
-    return dict(peak_layer=int(blocks.loc[blocks['value'].idxmax(), 'layer']) if len(blocks) else np.nan,
-                blocks=int(blocks['layer'].max()) + 1 if len(blocks) else np.nan,
-                rpi_out=float(out['value'].iloc[0]) if len(out) else np.nan)
-
-def dose_points(results: dict,                     # experiment name -> results table (trained models)
-                padding: pd.DataFrame | None = None,  # an `experiment.padding_ablation` table (inference-time padding)
-                corruptions: pd.DataFrame | None = None, # corruption_study tables (their experiment column says whose)
-               ) -> pd.DataFrame:
-    "One row per trained model (and per inference-time intervention of it): anchoring measures, clean accuracy, JPEG/blur FS (and CIFAR-10-C mean FS)."
-    from pe_anchors.results import alpha_rows, main_rows
-    rows = []
-    for name, df in results.items():
-        d = main_rows(df)
-        for (c, s), _ in d[d['stage'] == 'trained'].groupby(['condition', 'seed']):
-            rows.append(dict(experiment=name, condition=c, seed=int(s), kind='trained', intervention='', **_point(df, c, s)))
-        a = alpha_rows(df)
-        for (c, s, al), _ in a[(a['stage'] == 'trained') & (a['alpha'] < 1)].groupby(['condition', 'seed', 'alpha']):
-            rows.append(dict(experiment=name, condition=c, seed=int(s), kind='inference', intervention=f"α = {al:g}",
-                             **_point(df, c, s, float(al))))
-    if padding is not None:
-        for (c, s, p), g in padding.groupby(['condition', 'seed', 'padding']):
-            if p == 'zeros': continue
-            rows.append(dict(experiment='padding', condition=c, seed=int(s), kind='inference', intervention=f"{p} padding",
-                             **_point(g.drop(columns='padding'), c, s)))
-    out = pd.DataFrame(rows)
-    if corruptions is not None and len(out):                       # mean FS over every corruption × severity of a trained model
-        m = corruptions.groupby(['experiment', 'condition', 'seed'])['fs'].mean().rename('fs_c10c').reset_index()
-        m['seed'] = m['seed'].astype(int)
-        out = out.merge(m, on=['experiment', 'condition', 'seed'], how='left')
-        out.loc[out['kind'] != 'trained', 'fs_c10c'] = np.nan
-    return out
-
-def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs_jpeg',
-                  conditions: Sequence[str] | None = DOSE_SET, n_boot: int = 2000, seed: int = 0) -> dict:
-    "Over trained models (of `conditions`): Spearman ρ and the slope of `target` on `measure`, each with a bootstrap interval over models."
-    p = points[(points['kind'] == 'trained') & points[measure].notna() & points[target].notna()]
-    if conditions is not None: p = p[p['condition'].isin(conditions)]
-    if 'blocks' in p and p['blocks'].nunique() > 1:
-        raise ValueError(f"the models have {sorted(int(b) for b in p['blocks'].dropna().unique())} blocks: a dose-response "
-                         "is read at one architecture (give the points of one depth)")
-    x, y = p[measure].to_numpy(float), p[target].to_numpy(float)
-    if len(p) < 3: return dict(measure=measure, target=target, n=len(p), rho=np.nan, rho_low=np.nan, rho_high=np.nan,
-                               slope=np.nan, slope_low=np.nan, slope_high=np.nan)
-    rng, rhos, slopes = np.random.default_rng(seed), [], []
-    for _ in range(n_boot):
-        i = rng.integers(0, len(p), len(p))
-        if len(set(x[i])) < 3: continue
-        rhos.append(stats.spearmanr(x[i], y[i]).statistic); slopes.append(np.polyfit(x[i], y[i], 1)[0])
-    ci = lambda v: np.nanpercentile(v, [2.5, 97.5]) if len(v) else (np.nan, np.nan)
-    (rl, rh), (sl, sh) = ci(rhos), ci(slopes)
-    return dict(measure=measure, target=target, n=len(p), models=int(p[['condition', 'seed']].drop_duplicates().shape[0]),
-                rho=float(stats.spearmanr(x, y).statistic), rho_low=float(rl), rho_high=float(rh),
-                slope=float(np.polyfit(x, y, 1)[0]), slope_low=float(sl), slope_high=float(sh))
-
-def fig_dose(points: pd.DataFrame, measure: str = 'peak', title: str = ''):
-    "JPEG and blur FS (and CIFAR-10-C mean FS where measured) against an anchoring measure: trained models filled (one point per seed), inference-time interventions hollow."
-    import matplotlib.pyplot as plt
-    from pe_anchors.plots import condition_color
-    targets = [('fs_jpeg', 'JPEG FS'), ('fs_blur', 'blur FS')] + ([('fs_c10c', 'CIFAR-10-C mean FS')]
-                                                                 if points.get('fs_c10c', pd.Series(dtype=float)).notna().any() else [])
-    fig, axs = plt.subplots(1, len(targets), figsize=(5.5 * len(targets), 4.2), sharex=True)
-    for ax, (target, name) in zip(axs, targets):
-        for c in condition_order(points['condition'].unique()):
-            d = points[points['condition'] == c]
-            t, i = d[d['kind'] == 'trained'], d[d['kind'] == 'inference']
-            if len(t): ax.scatter(t[measure], t[target], s=40, color=condition_color(c), label=condition_label(c), zorder=3)
-            if len(i): ax.scatter(i[measure], i[target], s=22, facecolors='none', edgecolors=condition_color(c), lw=1, zorder=2)
-        ax.set_xlabel({'peak': 'peak RPI-SSDC', 'layer0': 'RPI-SSDC at layer 0', 'delta': 'ΔSSDC',
-                       'table_ssdc': "the PE table's own SSDC"}.get(measure, measure))
-        ax.set_ylabel(name); ax.grid(alpha=.3)
-    axs[0].set_title(title or 'filled: trained with it (one point per seed); hollow: changed at inference', fontsize=9)
-    axs[-1].legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
-    fig.tight_layout(); return fig
-
-# %% ../nbs/16_shift_study.ipynb #58f0eebe
-def model_rows(points: pd.DataFrame, key) -> pd.DataFrame:
-    """The trained points (one per seed) of one model: `key` a condition, or (experiment, condition) where several
-    experiments hold the condition (an 8-block RoPE beside the 4-block one); `KeyError` when there are none."""
-    p = points[points['kind'] == 'trained']
-    if isinstance(key, tuple): p = p[(p['experiment'] == key[0]) & (p['condition'] == key[1])]
-    else:
-        p = p[p['condition'] == key]
-        if 'experiment' in p and p['experiment'].nunique() > 1:
-            raise ValueError(f"{key!r} is trained in several experiments ({', '.join(sorted(p['experiment'].unique()))}): "
-                             "name the model as (experiment, condition)")
-    if p.empty: raise KeyError(key)
-    return p
-
-def model_name(p: pd.DataFrame) -> str:
-    "A model's label, with its number of blocks when its curve has another number than 4 (the nano model's)."
-    b = p['blocks'].dropna() if 'blocks' in p else pd.Series(dtype=float)
-    return condition_label(p['condition'].iloc[0]) + (f" ({int(b.iloc[0])} blocks)" if len(b) and int(b.iloc[0]) != 4 else '')
-
-def pooled_sd(points: pd.DataFrame) -> pd.Series:
-    "Each measure's seed SD pooled over the trained models that have several seeds (the root of their mean variance)."
-    p = points[points['kind'] == 'trained']
-    keys = [k for k in ('experiment', 'condition') if k in p]
-    cols = [k for k in ('peak', 'acc', 'fs_jpeg', 'fs_blur') if k in p]
-    return np.sqrt(p.groupby(keys)[cols].var().mean())
-
-def _pair_dirs(a: pd.DataFrame, b: pd.DataFrame, ref_sd: pd.Series | None) -> dict:
-    "The changes a → b, their noise (twice a seed SD) and which fragilities move against / with the anchoring beyond it."
-    k3 = ['peak', 'fs_jpeg', 'fs_blur'] + (['acc'] if 'acc' in a and 'acc' in b else [])
-    ta, tb, sa, sb = a[k3].mean(), b[k3].mean(), a[k3].std(), b[k3].std()     # std: NaN for one seed
-    d = {k: tb[k] - ta[k] for k in k3}
-    own = {k: 2 * np.nanmax([sa[k], sb[k]]) for k in k3 if np.isfinite([sa[k], sb[k]]).any()}
-    pooled = {k: 2 * float(ref_sd[k]) for k in k3 if k not in own and ref_sd is not None and np.isfinite(ref_sd.get(k, np.nan))}
-    noise = own | pooled
-    small = [k for k in _FS_NAMES if k in noise and abs(d[k]) <= noise[k]]
-    still = 'peak' in noise and abs(d['peak']) <= noise['peak']     # the anchoring does not move: nothing to read
-    moved = [k for k in _FS_NAMES if k not in small and not still]
-    return dict(ta=ta, tb=tb, d=d, noise=noise, pooled=pooled, small=small, still=still,
-                agree=[k for k in moved if np.sign(d[k]) == -np.sign(d['peak'])],      # as the claim says
-                against=[k for k in moved if np.sign(d[k]) == np.sign(d['peak'])])     # the other way
-
-_FS_NAMES = {'fs_jpeg': 'JPEG', 'fs_blur': 'blur'}
-
-def pair_line(a: pd.DataFrame, b: pd.DataFrame, what: str = 'trained so', extra: str = '',
-              ref_sd: pd.Series | None = None,   # pooled_sd's: the noise of a pair whose models have one seed each
-             ) -> str:
-    """Model `a` → model `b` (their trained points, one per seed): peak RPI-SSDC, clean accuracy and JPEG/blur FS, read
-    for direction. A change within twice the seed SD (the larger of the two models' where one has several seeds, else
-    `ref_sd`'s) is not read as a direction; when the anchoring itself does not move beyond it, there is nothing to read."""
-    r = _pair_dirs(a, b, ref_sd)
-    ta, tb, d, noise, pooled, small = r['ta'], r['tb'], r['d'], r['noise'], r['pooled'], r['small']
-    names = _FS_NAMES
-    acc = (f", clean accuracy {a['acc'].mean():.3f} → {b['acc'].mean():.3f}" if 'acc' in a and 'acc' in b else '')
-    head = (f"{model_name(a)} → {model_name(b)} ({what}): peak RPI-SSDC {ta['peak']:.3f} → {tb['peak']:.3f}{acc}, JPEG FS "
-            f"{ta['fs_jpeg']:.3f} → {tb['fs_jpeg']:.3f}, blur FS {ta['fs_blur']:.3f} → {tb['fs_blur']:.3f}: ")
-    sd_name = lambda ks: ('the pooled seed SD of the multi-seed models' if all(k in pooled for k in ks) else 'the seed SD')
-    beyond = lambda ks: (f" (beyond twice {sd_name(ks)}: {', '.join(f'{noise[k]:.3f}' for k in ks)})"
-                         if all(k in noise for k in ks) else '')
-    free = [k for k in _FS_NAMES if r['still'] and k in noise and abs(d[k]) > noise[k]]   # fragility moving on its own
-    if r['still']:
-        body = (f"the anchoring does not move beyond twice {sd_name(['peak'])} ({noise['peak']:.3f}), so there is no "
-                "direction to read")
-        if free: body += (f"; yet {' and '.join(names[k] for k in free)} FS change{'' if len(free) > 1 else 's'} "
-                          f"({', '.join(f'{d[k]:+.3f}' for k in free)}){beyond(free)}: here fragility moves without the anchoring")
-    else:
-        parts = ([f"anchoring and fragility move in opposite directions for {' and '.join(names[k] for k in r['agree'])}, "
-                  f"as the claim says{beyond(r['agree'])}"] if r['agree'] else [])
-        parts += ([f"{'they' if parts else 'anchoring and fragility'} move in the same direction for "
-                   f"{' and '.join(names[k] for k in r['against'])}, against the claim{beyond(r['against'])}"]
-                  if r['against'] else [])
-        body = '; '.join(parts) or "anchoring and fragility do not move in opposite directions"
-        if small:
-            body += (f"; the {' and '.join(names[k] for k in small)} change{'s are' if len(small) > 1 else ' is'} within "
-                     f"twice {sd_name(small)} ({', '.join(f'{noise[k]:.3f}' for k in small)}), not read as a direction")
-    if (r['agree'] or r['against'] or free) and 'acc' in noise and abs(d['acc']) > noise['acc']:   # only beside a fragility that moves
-        body += (f"; clean accuracy changes too ({d['acc']:+.3f}, beyond twice {sd_name(['acc'])}: {noise['acc']:.3f}), so "
-                 + ("the fragility change is not the anchoring's alone" if not r['still'] else "it may carry the fragility change"))
-    return head + body + extra + " (means over the seeds each has; a reading of the values, not a test)."
-
-def _fmt_slope(r: dict, name: str) -> str:
-    if r['n'] < 3: return f"{name} FS: fewer than 3 models"
-    return (f"{name} FS: slope {r['slope']:+.3f} [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}] per unit of peak RPI-SSDC, "
-            f"Spearman ρ {r['rho']:+.2f} [{r['rho_low']:+.2f}, {r['rho_high']:+.2f}] over {r['n']} models")
-
-DOSE_LEVERS = ((('spe_x025', 'spe'), 'the same table, 4× as loud'),
-               (('spe', 'smooth_table'), 'the same row norm, half the table SSDC'),
-               (('spe', 'random_table'), 'the same row norm, no geometry'))   # loudness, then geometry at matched loudness
-
-def dose_reading(points: pd.DataFrame, conditions: Sequence[str] = DOSE_SET, pairs=DOSE_PAIRS,
-                 levers=DOSE_LEVERS,             # ((model, changed model), what changed): the fixed tables' two levers
-                ) -> str:
-    """The dose-response over the fixed-table models with a verdict from its intervals; the tables' two levers (loudness,
-    and geometry at matched loudness) read for direction; then each trained twin pair."""
-    targets = [('fs_jpeg', 'JPEG'), ('fs_blur', 'blur')] + ([('fs_c10c', 'CIFAR-10-C mean')] if 'fs_c10c' in points else [])
-    res = {t: dose_response(points, 'peak', t, conditions) for t, _ in targets}
-    done = condition_order(set(points[points['kind'] == 'trained']['condition']) & set(conditions))
-    main = [res['fs_jpeg'], res['fs_blur']]
-    if any(r['n'] < 3 for r in main): verdict = 'undecided (fewer than 3 fixed-table models)'
-    elif any(r['slope_low'] > 0 for r in main):
-        verdict = "**contradicts** the paper's causal direction: fragility rises with the anchoring trained in"
-    elif all(r['slope_high'] < 0 for r in main):
-        verdict = "**supports** the paper's causal direction: fragility falls as more anchoring is trained in"
-    else: verdict = "leaves the causal direction **undecided**: an interval holds 0"
-    out = [f"At one architecture with only the fixed table changed ({', '.join(condition_label(c) for c in done)}; "
-           f"95% bootstrap intervals over models, each seed a model): " + '; '.join(_fmt_slope(res[t], n) for t, n in targets)
-           + f". On JPEG and blur this {verdict}."]
-    ref = pooled_sd(points)
-    dirs = {}
-    for (a, b), what in levers:
-        try: pa, pb = model_rows(points, a), model_rows(points, b)
-        except KeyError: continue
-        out.append(pair_line(pa, pb, what, ref_sd=ref)); dirs[(a, b)] = _pair_dirs(pa, pb, ref)
-    def acc_note(rs):                             # accuracy moving with fragility in every pair is the other candidate
-        moved = [r for r in rs if 'acc' in r['noise'] and abs(r['d']['acc']) > r['noise']['acc']]
-        same = [r for r in moved if all(np.sign(r['d']['acc']) == np.sign(r['d'][k]) for k in _FS_NAMES)]
-        if len(same) < len(rs): return ''
-        return (f" But clean accuracy moves beyond its noise in all {len(rs)} pairs, in the direction of both fragilities "
-                "(the less accurate table is the less fragile), so accuracy explains these pairs as well as loudness does.")
-    loud, geo = [r for k, r in dirs.items() if k == levers[0][0]], [r for k, r in dirs.items() if k != levers[0][0]]
-    if loud and geo:
-        fs_ = lambda ks: ' and '.join(_FS_NAMES[k] for k in ks)
-        la, ga = loud[0]['agree'], [k for k in _FS_NAMES if all(k in r['against'] for r in geo)]
-        if la and ga:
-            out.append(f"The two levers pull apart: a louder table moves {fs_(la)} fragility as the claim says, while "
-                       f"less geometry at the same row norm lowers the anchoring *and* the {fs_(ga)} fragility, against "
-                       "it. Among the fixed tables, fragility follows the table's loudness, not the index anchoring it "
-                       "yields (one or a few seeds per table: a reading of the values, not a test)."
-                       + acc_note(list(dirs.values())))
-        else:
-            out.append("The two levers do not pull apart beyond the seed noise: loudness moves "
-                       + (f"{fs_(la)} fragility as the claim says" if la else "no fragility as the claim says")
-                       + ", geometry at the same row norm moves "
-                       + (f"{fs_(ga)} fragility against it" if ga else "none against it (in every pair)") + ".")
-    for a, b in pairs:
-        try: pa, pb = model_rows(points, a), model_rows(points, b)
-        except KeyError: continue
-        out.append(pair_line(pa, pb, ref_sd=ref))
-    return '\n'.join(f"- {o}" for o in out)
-
-# %% ../nbs/16_shift_study.ipynb #c3413a3d
-def lever_reading(points: pd.DataFrame,
-                  base,                                   # the model the levers change: a condition or (experiment, condition)
-                  levers: Sequence,                       # models that differ from `base` by one trained-in change
-                  controls: Sequence[tuple] = (),         # (model, changed model) pairs: the same change without a PE
-                 ) -> str:
-    "Which trained-in change raises `base`'s peak RPI-SSDC beyond twice its seed SD, and what each does to fragility."
-    b, ref = model_rows(points, base), pooled_sd(points)
-    sd = b['peak'].std() if len(b) > 1 else np.nan
-    out, up, flat = [], [], []
-    for key in levers:
-        try: p = model_rows(points, key)
-        except KeyError:
-            e, c = key if isinstance(key, tuple) else ('', key)
-            out.append(f"{condition_label(c)}{f' of {e}' if e else ''} is not trained yet."); continue
-        d = p['peak'].mean() - b['peak'].mean()
-        where = p[['peak_layer', 'blocks', 'rpi_out']].iloc[0]
-        edge = (f"; its peak is at layer {int(where['peak_layer'])} of {int(where['blocks'])} block inputs"
-                + (" (still rising at the last one)" if where['peak_layer'] == where['blocks'] - 1 else '')
-                + (f", and the last block's output reads {where['rpi_out']:.3f}" if np.isfinite(where['rpi_out']) else ''))
-        out.append(pair_line(b, p, 'one change trained in', edge, ref))
-        if np.isfinite(sd): (up if d > 2 * sd else flat).append((model_name(p), d))
-    if np.isfinite(sd) and (up or flat):
-        out.append(f"Against twice {model_name(b)}'s seed SD of peak RPI-SSDC ({2 * sd:.3f}, {len(b)} seeds): "
-                   + '; '.join([f"{n} raises it by {d:+.3f} ({d / sd:.1f} seed SDs)" for n, d in up]
-                               + [f"{n} does not ({d:+.3f})" for n, d in flat]) + '.')
-    elif not np.isfinite(sd): out.append(f"{model_name(b)} has one seed: the changes are not read against its noise.")
-    for a, c in controls:
-        try: out.append(pair_line(model_rows(points, a), model_rows(points, c), 'the same change without a PE', ref_sd=ref))
-        except KeyError:
-            e, k = c if isinstance(c, tuple) else ('', c)
-            out.append(f"The control ({condition_label(k)}{f' of {e}' if e else ''}: the same change without a PE) is not "
-                       "trained yet, so what the change does without a PE is not read.")
-    return '\n'.join(f"- {o}" for o in out)
-
-def fig_curves(models: dict,                    # label -> (results table, condition)
-               title: str = 'under RPI (mean over seeds ± 1 SD where several)', ax=None):
-    "RPI-SSDC per layer of named models on one axis; each model's output tap (where measured) hollow, one step past its last block."
-    import matplotlib.pyplot as plt
-    from pe_anchors.plots import condition_color
-    if ax is None: ax = plt.subplots(figsize=(6.5, 3.8))[1]
-    styles = ['-', '--', '-.', ':']
-    for i, (label, (df, c)) in enumerate(models.items()):
-        d = _rpi_rows(df, c)
-        if d.empty: raise ValueError(f"{label}: the table has no trained RPI-SSDC rows of {c!r}")
-        for out, g in d.groupby('out'):
-            by = g.groupby('layer')['value']; m, sd, n = by.mean(), by.std(), g['seed'].nunique()
-            kw = dict(color=condition_color(c), marker='o', ms=4)
-            if out: ax.plot(m.index, m.values, ls='none', mfc='none', **kw)
-            else:
-                ax.plot(m.index, m.values, ls=styles[i % len(styles)], label=f"{label} ({n} seed{'s' if n > 1 else ''})", **kw)
-                if n > 1: ax.fill_between(m.index, (m - sd).values, (m + sd).values, color=condition_color(c), alpha=.15, lw=0)
-    ax.axhline(0, color='k', lw=.5, alpha=.4); ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-    ax.set_xlabel('layer (block input; hollow: the last block\'s output)'); ax.set_ylabel('SSDC under RPI')
-    ax.set_title(title, fontsize=9); ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, .5), frameon=False)
-    return ax
-
-# %% ../nbs/16_shift_study.ipynb #48d9bc3a
-ASSOC_ANCHORS = {'peak RPI-SSDC': 'peak', 'RPI-SSDC at layer 0': 'layer0', 'ΔSSDC': 'delta'}   # association_points columns
-
-def model_labels(points: pd.DataFrame) -> pd.Series:
-    "A unique name per trained model of `dose_points`, by (experiment, condition): its condition, its blocks when not 4, its experiment when still shared."
-    t = points[points['kind'] == 'trained']
-    lab = pd.Series({k: model_name(g) for k, g in t.groupby(['experiment', 'condition'], sort=False)}, dtype=object)
-    twice = lab.duplicated(keep=False)
-    return lab.where(~twice, lab + ' (' + lab.index.get_level_values(0) + ')')
-
-def association_points(results: dict,                      # experiment name -> results table (trained models)
-                       corruptions: pd.DataFrame,          # corruption_study tables (their experiment column says whose)
-                       resolution: pd.DataFrame | None = None, # resolution_study tables: each larger size is a shift
-                       train_size: int = 32,               # the image side the models were trained at
-                      ) -> pd.DataFrame:
-    "One row per model with a CIFAR-10-C table, named uniquely: its anchoring, clean accuracy and FS under every shift."
-    pts = dose_points(results)
-    pts = pts[pts['kind'] == 'trained']
-    names = model_labels(pts[pts['experiment'].isin(corruptions['experiment'].unique())])
-    rows = []
-    for (e, c), cc in corruptions.groupby(['experiment', 'condition'], sort=False):
-        p = pts[(pts['experiment'] == e) & (pts['condition'] == c)]
-        if p.empty: raise KeyError(f"{e}/{c} has CIFAR-10-C rows but no trained rows in the results given")
-        row = dict(experiment=e, condition=c, label=names[(e, c)], seeds=int(cc['seed'].nunique()),
-                   **p[list(ASSOC_ANCHORS.values()) + ['acc']].mean(), JPEG=p['fs_jpeg'].mean(), blur=p['fs_blur'].mean())
-        row |= corruption_summary(cc).drop(columns='seeds').add_prefix('C10-C ').iloc[0].to_dict()
-        sev = cc.groupby(['seed', 'severity'])['fs'].mean().groupby('severity').mean()
-        row |= {f'C10-C severity {int(v)}': x for v, x in sev.items()}
-        if resolution is not None:
-            r = resolution[(resolution['experiment'] == e) & (resolution['condition'] == c) & (resolution['metric'] == 'acc')
-                           & (resolution['rule'] == 'index')]
-            ra = r.groupby('size')['value'].mean()
-            if len(ra) and train_size not in ra.index:
-                raise ValueError(f"{e}/{c}: the resolution study has no row at the training size {train_size} px")
-            row |= {f'{int(z)} px': 1 - ra[z] / ra[train_size] for z in ra.index if z > train_size}
-        rows.append(row)
-    out = pd.DataFrame(rows)
-    first = ['experiment', 'condition', 'label', 'seeds', *ASSOC_ANCHORS.values(), 'acc']
-    return out[first + [k for k in out.columns if k not in first]].set_index('label')
-

@@ -14,21 +14,21 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .core import (auto_threads, code_version, condition_model_kwargs, condition_spec, default_device,
-                             hardware_info, set_threads, show_progress, unwrap_model, write_atomic)
+from .core import (check_threads, code_version, condition_model_kwargs, condition_spec, cpu_info, default_device,
+                             env_int, free_cores, hardware_info, set_threads, show_progress, unwrap_model, write_atomic)
 from .anatomy import anatomy, model_family
-from .results import gather, peak_rpi, read_results, write_results
+from .results import check_run, check_runs, gather, peak_rpi, read_results, write_results
 from .data import ImageData, data_bytes, get_data
 from .hub import save_hub
-from .learner import DEFAULT_MODELS, Recipe, build_model, get_recipe, make_callbacks, pe_learner, train
-from .robustness import SHIFT_KINDS
-from .rundir import ExperimentDir, RunDir, RunLock, config_diff, remove_leftovers
+from .learner import DEFAULT_MODELS, build_model, check_batch_size, get_recipe, make_callbacks, pe_learner, run_threads, train
+from .robustness import SHIFT_KINDS, make_shift
+from .rundir import ExperimentDir, RunDir, RunLock, config_diff, remove_leftovers, run_protocol
 from .config import Experiment, ExperimentError, _is_int
 from .evaluate import EvalData, evaluate_model
 
 # %% auto #0
-__all__ = ['ram_bytes', 'model_bytes', 'check_memory', 'check_experiment', 'experiment_cost', 'cost_line', 'check_run',
-           'resolve_shard', 'run_card', 'run_dir_of', 'run_one', 'init_model', 'run_experiment']
+__all__ = ['ram_bytes', 'model_bytes', 'check_memory', 'check_experiment', 'experiment_cost', 'cost_line', 'resolve_shard',
+           'run_card', 'run_dir_of', 'run_one', 'init_model', 'run_experiment', 'check_run']
 
 # %% ../nbs/09c_sweep.ipynb #9e9bcab8
 def ram_bytes() -> int | None:
@@ -76,7 +76,10 @@ def check_memory(exp: Experiment, data: ImageData | None = None, model: str | No
 def check_experiment(exp: Experiment, data: ImageData | None = None):
     "Validate `exp` (fields, recipe, memory, model per condition, depth for ΔSSDC) before anything runs; raise ValueError."
     exp.validate()
-    get_recipe(exp.recipe, **exp.train_kwargs)
+    r = get_recipe(exp.recipe, **exp.train_kwargs)
+    if data is not None:                                       # the data: a batch, and the shifts, that fit it
+        check_batch_size(r.bs, len(data.train))
+        _check_shifts(exp, data.img_size)
     size = data.img_size if data is not None else None
     model = exp.model or (DEFAULT_MODELS.get(size) if size else None)
     check_memory(exp, data, model)                             # before any model is built for real
@@ -85,10 +88,22 @@ def check_experiment(exp: Experiment, data: ImageData | None = None):
         spec = condition_spec(cond)
         mk = condition_model_kwargs(cond, exp.model_kwargs) if model_family(model) == 'pe_vit' else exp.model_kwargs
         try: m = build_model(model, data.c if data else 10, spec['pe'], spec['rpt'], model_kwargs=mk)
-        except TypeError as e: raise ValueError(f"model_kwargs {exp.model_kwargs} do not fit {model}: {e}") from None
+        except (TypeError, RuntimeError) as e:                 # an unknown argument, or a size torch cannot build (< 0)
+            raise ValueError(f"model_kwargs {exp.model_kwargs} do not fit {model}: {(str(e).splitlines() or [''])[0]}") from None
         if anatomy(m).depth < 2:
             raise ValueError(f"{model} with {exp.model_kwargs} has {anatomy(m).depth} block(s): ΔSSDC (block 1 "
                              "minus block 0 under RPI) needs at least 2")
+
+def _check_shifts(exp: Experiment, img_size: int):
+    "Refuse a `shift_ref_size` whose shifts cannot be applied at the data's image size (a blur kernel wider than the images)."
+    x = torch.zeros(1, 3, img_size, img_size, dtype=torch.uint8)
+    for kind in SHIFT_KINDS:
+        for sev in ['paper'] + (list(range(1, 6)) if exp.severities else []):
+            shift = make_shift(kind, sev, img_size=img_size, ref_size=exp.shift_ref_size)
+            try: shift.apply(x, 0)
+            except (RuntimeError, ValueError) as e:
+                raise ExperimentError(f"shift_ref_size {exp.shift_ref_size}: the {shift.name} shift does not fit {img_size} px "
+                                      f"images ({(str(e).splitlines() or [''])[0]}); give the size its σ is meant at, e.g. 224") from None
 
 def experiment_cost(exp: Experiment, data: ImageData) -> dict:
     """What `exp` asks of the machine, counted before it starts: runs, training images (runs × epochs × images) and
@@ -109,31 +124,24 @@ def cost_line(exp: Experiment, data: ImageData) -> str:
             f"training images; measuring: {c['measured']:,} images through a model ({exp.n_perms} permutation draw(s), "
             f"{min(exp.ssdc_images, len(data.valid)):,} SSDC images)")
 
-def check_run(exp: Experiment, run_dir: str | Path):
-    "Refuse a finished run whose recorded training config is not what `exp` trains (e.g. copied from elsewhere)."
-    run = RunDir(run_dir)
-    if not run.train.config.exists():
-        raise ValueError(f"{run.path} has results but no {run.train.config.relative_to(run.path)}: not made by this pipeline")
-    want = dict(recipe=asdict(get_recipe(exp.recipe, **exp.train_kwargs)), model_kwargs=exp.model_kwargs,
-                **({'model': exp.model} if exp.model else {}))          # the full recipe this experiment trains
-    diff = config_diff(run.read_config(), want, defaults=asdict(Recipe()), keys=want)
-    if diff: raise ValueError(f"{run.path} was trained with another setting (differs in {diff}) than this experiment; "
-                              "move it out of the experiment directory")
+_all_ = ['check_run']      # results.check_run: the one rule for whether a run is the experiment's, every reader's too
+
 
 # %% ../nbs/09c_sweep.ipynb #facd99a6
 def resolve_shard(shard: str | Sequence[int] | None) -> tuple[int, int, int | None]:
     "`(index, count, local_gpu)` from `(i, n)`, `'i/n'`, `'auto'` (torchrun or Slurm array variables) or None (all runs)."
+    env_int('WORLD_SIZE', 1, lo=1)                      # a launcher's variable, checked before anything is written
     if shard is None: return 0, 1, None
     if isinstance(shard, str) and shard == 'auto':
-        env = os.environ
-        if 'WORLD_SIZE' in env and int(env['WORLD_SIZE']) > 1:                 # torchrun / accelerate launch
-            i, n, local = int(env.get('RANK', -1)), int(env['WORLD_SIZE']), int(env.get('LOCAL_RANK', 0))
-            if not 0 <= i < n: raise ValueError(f"RANK={env.get('RANK')} is not in 0..{n - 1} (WORLD_SIZE={n})")
+        env = os.environ                                        # each variable checked, named when it is wrong (env_int)
+        n = env_int('WORLD_SIZE', 1, lo=1)
+        if n > 1:                                                               # torchrun / accelerate launch
+            i, local = env_int('RANK', lo=0, hi=n - 1), env_int('LOCAL_RANK', 0, lo=0)
             for k in ('WORLD_SIZE', 'RANK', 'LOCAL_RANK'): env[k] = '1' if k == 'WORLD_SIZE' else '0'  # no DDP per run
             return i, n, local
         if 'SLURM_ARRAY_TASK_ID' in env:                                        # --array=MIN-MAX[:STEP], numbered from MIN
-            task, first = int(env['SLURM_ARRAY_TASK_ID']), int(env.get('SLURM_ARRAY_TASK_MIN', 0))
-            step, n = int(env.get('SLURM_ARRAY_TASK_STEP', 1)), int(env.get('SLURM_ARRAY_TASK_COUNT', 1))
+            task, first = env_int('SLURM_ARRAY_TASK_ID', lo=0), env_int('SLURM_ARRAY_TASK_MIN', 0, lo=0)
+            step, n = env_int('SLURM_ARRAY_TASK_STEP', 1, lo=1), env_int('SLURM_ARRAY_TASK_COUNT', 1, lo=1)
             i, off = divmod(task - first, step)
             if off or not 0 <= i < n:
                 raise ValueError(f"SLURM_ARRAY_TASK_ID={task} is not a task of the array (min {first}, step {step}, count {n}): "
@@ -187,9 +195,10 @@ def run_dir_of(out_dir: str | Path, condition: str, seed: int) -> Path:
 def run_one(exp: Experiment, data: ImageData, ev: EvalData, condition: str, seed: int, run_dir: str | Path,
             device: str | torch.device | None = None, show: bool | None = None,
             extra_callbacks: Sequence[str] = (),     # 'module:Class' callbacks the user asked for (the command line's --cbs)
-            threads: int | str | None = None,        # torch threads while training (see learner.pe_learner)
+            threads: int | str | None = None,        # torch threads for the whole run (see learner.run_threads)
            ) -> pd.DataFrame | None:
-    "Train (or resume) one run, evaluate it (and its initialisation), write its `results.csv`; skip if finished or busy."
+    """Train (or resume) one run, evaluate it (and its initialisation) with one torch thread count throughout, write its
+    `results.csv`; skip if finished or busy."""
     run = RunDir(run_dir)
     if run.is_finished(): return read_results(run.results)
     run.path.mkdir(parents=True, exist_ok=True)
@@ -198,7 +207,7 @@ def run_one(exp: Experiment, data: ImageData, ev: EvalData, condition: str, seed
             print(f"{run.path}: another process is running it; skipped here", flush=True); return None
         if run.is_finished(): return read_results(run.results)   # finished by the other process meanwhile
         remove_leftovers(run.path)                     # temporary files of a killed earlier attempt
-        if threads == 'auto': set_threads(auto_threads())          # the evaluation runs with the cores free now
+        threads = run_threads(threads, run.read_config().get('threads'), run.path)   # initialisation, training, evaluation
         return _run_one(exp, data, ev, condition, seed, run, device, show, extra_callbacks, threads)
 
 def init_model(exp: Experiment, data: ImageData, condition: str, seed: int, device: str | torch.device | None = None) -> nn.Module:
@@ -223,7 +232,8 @@ def _run_one(exp, data, ev, condition, seed, run: RunDir, device, show, extra_ca
     write_atomic(run.record, json.dumps(dict(
         condition=condition, seed=seed, train=dict((k, v) for k, v in out.items() if k != 'learn'),
         train_and_init_s=round(t_train, 2), eval_s=round(time.perf_counter() - t0 - t_train, 2),
-        hardware=hardware_info(ev.device), code=code_version()), indent=2))
+        hardware=hardware_info(ev.device), code=code_version(), threads=torch.get_num_threads(), cpu=cpu_info(),
+        protocol=run_protocol(exp.to_dict())), indent=2))              # how it was measured: what readers compare
     write_results(df, run.results)
     return df
 
@@ -265,12 +275,16 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
                    verbose: bool | None = None,      # one line per finished run (default: as show)
                    restart: bool = False,            # delete this directory's earlier runs and results first
                    extra_callbacks: Sequence[str] = (),   # 'module:Class' fastai callbacks for every run (the user's own)
-                   threads: int | str | None = None,      # torch threads: N, 'auto' (the cores left free), None: as set
+                   threads: int | str | None = None,      # torch threads of each run, for its whole life: N, 'auto', None: as set
+                   workers: int | str | None = None,      # runs trained at once, each in its own process: N, 'auto' (one per free core), None: 1
                   ) -> pd.DataFrame:
     "Run (or continue) every unfinished run of `exp` in `out_dir`, then gather all finished runs into one table."
     if not isinstance(exp, Experiment): exp = Experiment.load(exp)
     check_experiment(exp)                            # everything that can be checked before anything is written
     make_callbacks(extra_callbacks, allow_import=True)
+    if threads not in (None, 'auto'): check_threads(threads)
+    if workers not in (None, 'auto'): check_threads(workers, 'workers')
+    given = data                                     # the workers build the experiment's data themselves unless given
     index, count, local = resolve_shard(shard)
     ed = ExperimentDir(out_dir)
     if ed.path.exists() and not ed.path.is_dir(): raise NotADirectoryError(f"{ed.path} is a file, not an experiment directory")
@@ -286,9 +300,9 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
         elif lock.acquired: _tidy(ed)
     with ed.lock(shared=True) as lock:               # shared with the other shards, excluding a restart
         if not lock.acquired: raise ValueError(f"{ed.path} is being restarted by another process; run again when it has started")
-        return _run_experiment(exp, ed, index, count, device, show, data, verbose, extra_callbacks, threads)
+        return _run_experiment(exp, ed, index, count, device, show, data, verbose, extra_callbacks, threads, workers, given)
 
-def _run_experiment(exp, ed: ExperimentDir, index, count, device, show, data, verbose, extra_callbacks, threads):
+def _run_experiment(exp, ed: ExperimentDir, index, count, device, show, data, verbose, extra_callbacks, threads, workers, given):
     stored = exp                                     # what experiment.json records: the protocol and every run asked for
     if ed.experiment.exists():
         old, new = {**Experiment.defaults(), **ed.record()}, exp.to_dict()   # fields added since: their defaults
@@ -308,15 +322,65 @@ def _run_experiment(exp, ed: ExperimentDir, index, count, device, show, data, ve
     write_atomic(ed.sample, json.dumps(ev.sample_record()))
     write_atomic(ed.shifts, json.dumps({s.name: s.description() for s in ev.shifts(exp.severities, exp.shift_ref_size)},
                                        indent=2))
+    if ed.run_tables(): check_runs(ed.path)          # runs copied in from elsewhere: refused before any training
     mine = exp.runs()[index::count]
-    for i, (cond, seed) in enumerate(mine):
-        t = time.perf_counter()
-        df = run_one(exp, data, ev, cond, seed, ed.run(cond, seed).path, device=device, show=show,
-                     extra_callbacks=extra_callbacks, threads=threads)
+    todo = [(c, s) for c, s in mine if not ed.run(c, s).is_finished()]
+    n = _workers(workers, threads, device, len(todo))
+    done = _run_parallel(exp, ed, todo, n, device, given, extra_callbacks, threads) if n > 1 else (
+        (c, s, run_one(exp, data, ev, c, s, ed.run(c, s).path, device=device, show=show, extra_callbacks=extra_callbacks,
+                       threads=threads)) for c, s in mine)
+    t = time.perf_counter()
+    for i, (cond, seed, df) in enumerate(done):
         if verbose and df is not None:
             d = df[(df.metric == 'acc') & (df['shift'] == 'clean') & (df.stage == 'trained')]
             acc = d[d['sweep'].isna()]['value'] if 'sweep' in d else d['value']
-            print(f"[{i + 1}/{len(mine)}] {exp.name}: {cond} seed {seed} finished in {time.perf_counter() - t:.0f} s, "
-                  f"clean accuracy {acc.iloc[0]:.4f}", flush=True)
-    for run in ed.finished(): check_run(exp, run.path)
-    return gather(ed.path)
+            print(f"[{i + 1}/{len(mine) if n == 1 else len(todo)}] {exp.name}: {cond} seed {seed} finished after "
+                  f"{time.perf_counter() - t:.0f} s, clean accuracy {acc.iloc[0]:.4f}", flush=True)
+    return gather(ed.path)                           # every finished run checked (`check_runs`) and combined
+
+def _workers(workers: int | str | None, threads: int | str | None, device: str, runs: int) -> int:
+    "How many runs to train at once: `workers`, or for 'auto' on the CPU one per free core (`core.free_cores`) over each run's threads."
+    if workers is None or runs <= 1: return 1
+    if workers != 'auto': return min(runs, check_threads(workers, 'workers'))
+    if torch.device(device).type != 'cpu' or threads == 'auto': return 1
+    return max(1, min(runs, free_cores() // (threads or 1)))
+
+_WORKER = {}                                         # a worker process's experiment, data and evaluation sets
+
+def _worker_start(exp: Experiment, out_dir: Path, data: ImageData | None, device: str, threads: int):
+    "Start a sweep's worker process: its torch threads, the experiment's data and evaluation sets, built once."
+    set_threads(threads)
+    data = data if data is not None else get_data(exp.data, **exp.data_kwargs)
+    ev = EvalData(data, exp.ssdc_images, exp.eval_bs, device, cache_dir=ExperimentDir(out_dir).cache, sample_seed=exp.sample_seed)
+    _WORKER.update(exp=exp, data=data, ev=ev, device=device, threads=threads)
+
+def _worker_run(job: tuple) -> tuple:
+    "One run, in a worker process (`run_one`, quietly): (condition, seed, its table)."
+    cond, seed, run_dir, extra = job
+    w = _WORKER
+    return cond, seed, run_one(w['exp'], w['data'], w['ev'], cond, seed, run_dir, device=w['device'], show=False,
+                               extra_callbacks=extra, threads=w['threads'])
+
+def _run_parallel(exp, ed: ExperimentDir, runs: list, n: int, device: str, data, extra_callbacks, threads):
+    """Train `runs` in `n` worker processes (fresh interpreters), each a whole run at a time with `threads` torch threads
+    (1 unless given), under the runs' own locks; yields (condition, seed, table) as they finish."""
+    import multiprocessing as mp
+    jobs = [(c, s, ed.run(c, s).path, tuple(extra_callbacks)) for c, s in runs]
+    quiet = {'PYTHONWARNINGS': ','.join(filter(None, [os.environ.get('PYTHONWARNINGS'), _TIMM_WARNING]))}
+    with _environ(quiet), mp.get_context('spawn').Pool(n, _worker_start, (exp, ed.path, data, device,
+                                                                          threads if isinstance(threads, int) else 1)) as pool:
+        yield from pool.imap_unordered(_worker_run, jobs)    # a worker's error stops the others (their runs resume later)
+
+_TIMM_WARNING = 'ignore:`torch.jit.script` is deprecated'   # timm's import raises it in every worker: not the user's concern
+
+@contextlib.contextmanager
+def _environ(env: dict):
+    "Environment variables set for what starts inside (the workers), then put back."
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try: yield
+    finally:
+        for k, v in old.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+

@@ -110,3 +110,26 @@ def test_a_model_that_is_not_a_vit_is_none_to_callers_that_only_ask():
     with pytest.raises(ValueError, match='is not a ViT'): anatomy(cnn)
     pe = timm.create_model('pe_vit_nano_patch1_8', pe='ape').pos_embed
     with pytest.raises(ValueError, match='has no convolution to pad'), pe.padded('circular'): pass
+
+
+@pytest.mark.parametrize('name, kw, family, position', [
+    ('mvitv2_tiny', dict(img_size=(64, 64)), 'mvitv2', ('bias',)),
+    ('mvitv2_tiny', dict(img_size=(64, 64), abs_pos=True), 'mvitv2', ('additive', 'bias')),   # an optional table, read
+    ('convit_tiny', dict(img_size=32, patch_size=4, depth=2, local_up_to_layer=1), 'convit', ('additive', 'bias')),
+    ('convit_tiny', dict(img_size=32, patch_size=4, depth=2, local_up_to_layer=1, use_pos_embed=False), 'convit', ('bias',)),
+    ('naflexvit_base_patch16_gap', dict(img_size=32, patch_size=4, depth=2, embed_dim=64, num_heads=2), 'naflexvit', ('additive',)),
+    ('xcit_nano_12_p8_224', dict(img_size=64, depth=2), 'xcit', ('additive', 'conditional')),
+    ('twins_svt_small', dict(img_size=64, depths=(1, 1, 1, 1)), 'twins', ('conditional',)),
+    ('convnext_atto', {}, 'convnext', ()),
+])
+def test_zoo_family_and_position(name, kw, family, position):
+    "The other timm families: named by the module that defines them, their position read from the model (optional tables included)."
+    from pe_anchors.anatomy import rpi_reason, zoo_family, zoo_position
+    if kw.pop('abs_pos', False):                           # MViTv2 takes it in its config
+        from timm.models.mvitv2 import MultiScaleVit, MultiScaleVitCfg
+        m = MultiScaleVit(MultiScaleVitCfg(depths=(1, 1, 1, 1), use_abs_pos=True), **kw)
+    else: m = timm.create_model(name, **kw)
+    assert (zoo_family(m), zoo_position(m)) == (family, position)
+    assert anatomy(m, strict=False) is None and (rpi_reason(m) is None) == (family not in ('twins', 'convnext'))
+    wrapped = torch.nn.Sequential(m)                                       # found inside another module, as the anatomy does
+    assert (zoo_family(wrapped), zoo_position(wrapped)) == (family, position)

@@ -86,3 +86,46 @@ def test_trained_models_are_given_by_path_and_images_as_a_packed_npz(folder, tmp
     want = measure_ssdc(m, [x], 'rpi', 2, 0, show_progress=False).values.mean(0)
     got = by_path[by_path['mode'] == 'rpi'].sort_values('layer')['value'].to_numpy()
     assert abs(got - want).max() < 1e-5
+
+
+def test_a_cnn_is_measured_beside_a_vit_unpermuted_only(folder, tmp_path):
+    torch.manual_seed(0)
+    models = {'vit': timm.create_model('pe_vit_nano_patch1_8', pe='ape', num_classes=2).eval(),
+              'cnn': timm.create_model('resnet10t', num_classes=2).eval()}
+    df = atlas(models, folder, n_images=8, n_perms=2, out=tmp_path / 'a', show_progress=False, img_size=8)
+    modes = df.groupby('model')['mode'].unique().map(sorted).to_dict()
+    assert modes == {'vit': ['normal', 'rpi'], 'cnn': ['normal']}
+    # the CNN's rows are block_ssdc's on the same stratified sample, at 8 px: the stem's 4x4 map pooled to the 2x2 grid
+    m = models['cnn']
+    data = image_folder(folder, img_size=8, mean=m.pretrained_cfg['mean'], std=m.pretrained_cfg['std'], in_memory=True)
+    x = data.normalize(data.valid.images[stratified_sample(data.valid.labels, 8, 0)])
+    want = block_ssdc(m, [x])
+    got = df[df.model == 'cnn']
+    assert list(got['tap']) == list(want['tap']) == ['act1', 'layer1'] and abs(got['value'].to_numpy() - want['value'].to_numpy()).max() < 1e-9
+    assert (tmp_path / 'a' / 'atlas.png').exists()
+
+
+def test_what_cannot_be_read_is_left_out_saying_why(folder):
+    vit = timm.create_model('pe_vit_nano_patch1_8', pe='none', num_classes=2).eval()
+    with pytest.warns(UserWarning, match='lin is not measured: not a timm model'):
+        df = atlas({'vit': vit, 'lin': torch.nn.Linear(3, 2)}, folder, n_images=4, n_perms=1, show_progress=False)
+    assert set(df['model']) == {'vit'}
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match='none of the models can be measured'):
+        atlas({'lin': torch.nn.Linear(3, 2)}, folder, n_images=4, show_progress=False)
+
+
+def test_coverage_table_builds_names_offline_and_the_cli_prints_it(folder, capsys):
+    from pe_anchors import cli
+    from pe_anchors.atlas import coverage_table
+    cov = coverage_table(['resnet10t', 'vit_tiny_patch16_224', 'twins_svt_small'])
+    assert list(cov.columns) == ['architecture', 'family', 'position', 'taps', 'unpermuted', 'rpi']
+    rpi = cov.set_index('architecture')['rpi']
+    assert rpi['vit_tiny_patch16_224'] == 'yes' and rpi['resnet10t'].startswith('a CNN: position comes only from convolutions')
+    assert rpi['twins_svt_small'].startswith("position comes only from convolutions (the PEG after each stage's first block)")
+    assert cli.main(['atlas', 'resnet10t', 'vit_tiny_patch16_224', '--threads', '1', '--quiet']) == 0
+    out = capsys.readouterr().out
+    assert 'a CNN: position comes only from convolutions' in out and '12 blocks: norm1' in out and 'give --data-path' in out
+    assert cli.main(['atlas', 'resnet10t', '--random', '--data-path', str(folder), '--images', '4', '--img-size', '16',
+                     '--min-stride', '0', '--out', str(folder.parent / 'cli-atlas'), '--threads', '1', '--quiet']) == 0
+    rows = read_results(folder.parent / 'cli-atlas' / 'atlas.csv')
+    assert list(rows['tap']) == ['act1', 'layer1', 'layer2'] and set(rows['mode']) == {'normal'}   # act1 8x8, not pooled

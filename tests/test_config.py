@@ -16,7 +16,7 @@ def test_experiment_file_round_trip_and_validation(tmp_path):
     with pytest.raises(ValueError, match='seeds must be'): tiny_two_conditions(seeds=[])
     with pytest.raises(ValueError, match="unknown RPI mode"): tiny_two_conditions(rpi_mode='pixel')
     with pytest.raises(FileNotFoundError): Experiment.load(tmp_path / 'missing.yaml')
-    assert set(PRESETS) == {'digits', 'cifar10', 'cifar10-cpu', 'cifar10-cpu-dose', 'cifar10-cpu-deep', 'imagenet100'}
+    assert set(PRESETS) == {'digits', 'cifar10', 'cifar10-cpu', 'cifar10-cpu-dose', 'cifar10-cpu-deep', 'cifar10-cpu-factorial', 'imagenet100'}
     assert preset('imagenet100').model == 'pe_vit_small_patch16_224' and preset('imagenet100').seeds == [0, 1, 2, 3]
 
 

@@ -6,7 +6,7 @@ per-image generator the module documents, in the reference's order), Python's `c
 the Gaussian, defocus and motion blurs and for the affine warp, `scipy.ndimage.zoom` for the zooms, PIL for JPEG and a
 hand-written copy of PIL's BOX resampling for pixelate.
 """
-import colorsys, io, math, zlib
+import colorsys, io, math, os, re, sys, types, zlib
 
 import numpy as np
 import pandas as pd
@@ -16,12 +16,13 @@ from torch import nn
 from PIL import Image
 from scipy import ndimage
 
-from pe_anchors.corruptions import (CORRUPTIONS, CIFAR_C_NAMES, EXTRA_NAMES, Corruption, FROST_FILES,
-                                    available_corruptions, cifar_c_shifts, corrupt, motion_blur_images,
-                                    sample_photos)
+import pe_anchors.corruptions as corruptions
+from pe_anchors.corruptions import (CORRUPTIONS, CIFAR_C_NAMES, EXTRA_NAMES, Corruption, FROST_FILES, FROST_INSTALL,
+                                    available_corruptions, cifar_c_shifts, corrupt, default_frost_dir, frost,
+                                    motion_blur_images, sample_photos)
 from pe_anchors.robustness import ShiftedSets, TensorBatches, evaluate_shifts
 
-NAMES = available_corruptions(extra=True)            # the 17 that run without the frost photographs
+NAMES = available_corruptions(extra=True)            # the 17 that run here, and frost with its photographs (the extra)
 RANDOM = [n for n in NAMES if CORRUPTIONS[n]['random']]
 
 
@@ -102,12 +103,19 @@ def test_errors_say_what_is_wrong(noise_images):
     with pytest.raises(ValueError, match='RGB'): corrupt(x[:, :1], 'fog', 1)
     with pytest.raises(ValueError, match='uint8'): corrupt(x.float(), 'fog', 1)
     with pytest.raises(ValueError, match='seed'): corrupt(x, 'fog', 1, seed=-1)
-    with pytest.raises(ValueError, match='frost_dir'): corrupt(x, 'frost', 1)
-    with pytest.raises(ValueError, match='frost_dir'): Corruption('frost', 1)
+    with pytest.raises(FileNotFoundError, match='frost1.png'): Corruption('frost', 1, frost_dir='nowhere')
+
+
+def test_without_the_photographs_frost_says_how_to_install_them(noise_images, monkeypatch):
+    monkeypatch.setattr(corruptions, 'default_frost_dir', lambda: None)        # a machine without the `corruptions` extra
+    for call in (lambda: corrupt(noise_images, 'frost', 1), lambda: Corruption('frost', 1)):
+        with pytest.raises(ValueError, match=re.escape(FROST_INSTALL)) as e: call()
+        assert '\n' not in str(e.value)
+    assert 'frost' not in available_corruptions() and len(cifar_c_shifts()) == 14 * 5
 
 
 # ---------------------------------------------------------------- severity ordering
-MONOTONE = [n for n in NAMES if n not in ('glass_blur', 'elastic_transform', 'saturate', 'motion_blur')]
+MONOTONE = [n for n in NAMES if n not in ('glass_blur', 'elastic_transform', 'saturate', 'motion_blur', 'frost')]
 
 
 @pytest.mark.parametrize('name', MONOTONE)
@@ -331,7 +339,7 @@ def test_frost_blends_a_random_crop_of_one_of_five_photographs(tmp_path):
             used.append(hits[0])
         assert len({k for k, _, _ in used}) > 1 and len({(i, j) for _, i, j in used}) > 1
         assert all(i < 40 - 32 and j < 52 - 32 for _, i, j in used)         # randint(0, size - 32) excludes its end
-    assert len(cifar_c_shifts()) == 70 and len(cifar_c_shifts(frost_dir=tmp_path)) == 75
+    assert len(cifar_c_shifts()) == (75 if default_frost_dir() else 70) and len(cifar_c_shifts(frost_dir=tmp_path)) == 75
     key, before = Corruption('frost', 2, frost_dir=tmp_path).key(), corrupt(x, 'frost', 2, frost_dir=tmp_path)
     Image.fromarray(np.full((200, 260, 3), 9, np.uint8)).save(tmp_path / FROST_FILES[0], format='PNG')
     assert Corruption('frost', 2, frost_dir=tmp_path).key() != key           # other photographs, other cached set
@@ -473,3 +481,51 @@ def test_corruption_shifts_with_shifted_sets_and_evaluate_shifts(tmp_path):
     assert torch.equal(again[shifts[3]].images, sets[shifts[3]].images)       # read back from the cache
     assert Corruption('contrast', 2, seed=0).key() == Corruption('contrast', 2, seed=3).key()
     assert Corruption('fog', 2, seed=0).key() != Corruption('fog', 2, seed=3).key()
+
+
+@pytest.mark.skipif(default_frost_dir() is None, reason=f"frost's photographs are not installed: {FROST_INSTALL}")
+def test_frost_falls_by_the_constants_where_it_does(photos):
+    "Severities 3 and 4 blend the same photograph weight (.4) into less of the image (.9, .85): the darker image offsets the frost."
+    p = [psnr_np(corrupt(photos, 'frost', s), photos).mean() for s in range(1, 6)]
+    assert p[0] > p[1] > p[2] and p[3] > p[4] and p[2] < p[3], p
+    x = hwc(photos).astype(np.float64)
+    F = np.full_like(x, 200.)                                                  # one bright frost crop for both severities
+    err = [np.mean(((a - 1) * x + b * F) ** 2) for a, b in CORRUPTIONS['frost']['constants'][2:4]]
+    assert err[1] < err[0]
+
+
+class GlobalDraws:
+    "A per-image generator drawing from numpy's global one, in the reference's order."
+    def integers(self, low, high=None): return np.random.randint(low, high)
+
+
+def imagecorruptions_frost(constants):
+    "imagecorruptions' own frost, its constant table replaced by `constants`, its photograph fit by CIFAR-10-C's 0.2x shrink."
+    cv2 = pytest.importorskip('cv2')
+    if 'pkg_resources' not in sys.modules:             # imagecorruptions 1.1.2 imports it; setuptools >= 81 no longer ships it
+        shim = types.ModuleType('pkg_resources')
+        shim.resource_filename = lambda pkg, p: os.path.join(os.path.dirname(sys.modules[pkg].__file__), p)
+        sys.modules['pkg_resources'] = shim
+    icc = pytest.importorskip('imagecorruptions.corruptions')
+    code = icc.frost.__code__
+    table = ((1, .4), (.8, .6), (.7, .7), (.65, .7), (.6, .75))               # ImageNet-C's, as the package has them
+    assert table in code.co_consts
+    consts = tuple(tuple(constants) if k == table else k for k in code.co_consts)
+    shrink = types.SimpleNamespace(imread=cv2.imread, INTER_CUBIC=cv2.INTER_CUBIC,
+                                   resize=lambda img, dsize, interpolation: cv2.resize(img, (0, 0), fx=.2, fy=.2))
+    return types.FunctionType(code.replace(co_consts=consts), {**icc.frost.__globals__, 'cv2': shrink})
+
+
+@pytest.mark.skipif(default_frost_dir() is None, reason=f"frost's photographs are not installed: {FROST_INSTALL}")
+def test_frost_is_imagecorruptions_own_at_the_cifar10c_constants(photos):
+    "Same pixels as the package's frost run with CIFAR-10-C's constants and shrink, the draws from one global generator."
+    ref = imagecorruptions_frost(CORRUPTIONS['frost']['constants'])
+    x, used = hwc(photos), set()
+    for s in range(1, 6):
+        for n in range(len(x)):
+            np.random.seed(10 * s + n); want = np.uint8(ref(x[n], s))
+            np.random.seed(10 * s + n); used.add(np.random.randint(5))
+            np.random.seed(10 * s + n); got = frost(x[n:n + 1], CORRUPTIONS['frost']['constants'][s - 1], [GlobalDraws()])[0]
+            np.testing.assert_array_equal(got, want)
+    assert used == set(range(5))                                              # all five photographs, JPEG ones included
+    assert [f.name for f in sorted(default_frost_dir().glob('frost[1-5].*'))] == list(FROST_FILES)

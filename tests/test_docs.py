@@ -255,3 +255,60 @@ def test_site_is_built_and_deployed_by_ci():
     assert site == 'https://pe-anchors.github.io/pe_anchors'
     assert yaml.safe_load((NBS / 'nbdev.yml').read_text())['website']['site-url'] == site
     assert site in (ROOT / 'README.md').read_text(), "README.md does not link the documentation site"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# No junk: signatures, saved outputs, references
+
+_JUNK_SIGNATURE = ('NoneType=None', '=<factory>', ':function=', '=<lambda>')
+
+
+def test_signatures_carry_no_junk(processed):
+    "show_doc entries without `NoneType=None` (an unannotated None default), `=<factory>`, or a lambda default."
+    bad = []
+    for p in sorted(processed.glob('*.ipynb')):
+        for kind, text in _markdown_texts(json.loads(p.read_text())):
+            if kind != 'output': continue
+            for block in re.findall(r'```python\n(.*?)```', text, flags=re.S):
+                name = block.split('(')[0].split()[-1] if '(' in block else block[:40]
+                bad += [f"{p.name}: {name}: {j}" for j in _JUNK_SIGNATURE if j in block]
+    assert not bad, "signatures with junk (annotate the argument, or give a plain default):\n" + '\n'.join(sorted(set(bad)))
+
+
+_JUNK_OUTPUT = {'a stderr stream': None, 'np.int64(': 'np.int64(', 'np.float64(': 'np.float64(', "'p = <'": 'p = <',
+                "a hint for developers ('give ref_sd')": 'give ref_sd', 'a Warning': 'Warning:'}
+
+
+def test_saved_outputs_carry_no_junk():
+    "No warnings or stderr, no numpy reprs or 'p = < .001', no developer hints, no 'nan' cell in a printed table."
+    bad = []
+    for p in sorted(NBS.glob('*.ipynb')):
+        for i, c in enumerate(json.loads(p.read_text())['cells']):
+            for o in c.get('outputs', []):
+                if o.get('output_type') == 'stream' and o.get('name') == 'stderr':
+                    bad.append(f"{p.name} cell {i}: a stderr stream"); continue
+                texts = [''.join(o['text'])] if 'text' in o else []
+                texts += [''.join(v) if isinstance(v, list) else v for k, v in o.get('data', {}).items()
+                          if k in ('text/plain', 'text/markdown')]
+                for t in texts:
+                    bad += [f"{p.name} cell {i}: {what}" for what, s in _JUNK_OUTPUT.items() if s and s in t]
+                md = ''.join(o.get('data', {}).get('text/markdown', ''))
+                if re.search(r'\|\s*(nan|NaN)\s*\|', md): bad.append(f"{p.name} cell {i}: 'nan' in a markdown table")
+    assert not bad, "junk in saved outputs:\n" + '\n'.join(sorted(set(bad)))
+
+
+def test_references_to_the_package_are_links():
+    "nbdev links a backticked name it knows (`compare`, `pe_anchors.stats.compare`), not `stats.compare`: write one of those."
+    from nbdev.doclinks import NbdevLookup
+    lookup = NbdevLookup()
+    mods = {p.stem for p in (ROOT / 'pe_anchors').rglob('*.py')} | {'callback', 'mech'}
+    bad = []
+    for p in sorted(NBS.glob('*.ipynb')):
+        for c in json.loads(p.read_text())['cells']:
+            src = ''.join(c['source'])
+            if c['cell_type'] != 'markdown' and not src.startswith('#| export'): continue
+            for tok in re.findall(r'`([A-Za-z_][\w.]*)(?:\(\))?`', src):
+                if '.' in tok and tok.split('.')[0] in mods and lookup.doc(tok) is None and lookup.doc(f'pe_anchors.{tok}'):
+                    bad.append(f"{p.name}: `{tok}`")
+    assert not bad, ("references nbdev does not link (python tools/link_names.py PAGE writes the short name, or "
+                     "pe_anchors.<module>.<name>):\n" + "\n".join(bad))

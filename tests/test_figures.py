@@ -1,13 +1,19 @@
-"""pe_anchors.figures: means and ±1 SD bands over seeds, the paper's values as reported, titles that name the data."""
+"""pe_anchors.figures and plots: means and ±1 SD bands over seeds, the paper's values as reported, titles that name the
+data; every figure sized for the page with one complete legend outside the data, each condition in its colour and label."""
 import statistics as st
 
 import matplotlib
 matplotlib.use('Agg')
+import matplotlib.colors as mc
 import matplotlib.pyplot as plt
 import numpy as np
+import pytest
 
-from pe_anchors.figures import data_label, fig2, fig3, fig_alpha
+from pe_anchors.core import CONDITIONS, condition_label
+from pe_anchors.figures import data_label, fig1, fig2, fig3, fig4, fig5, fig_alpha, fig_severity
 from pe_anchors.paper import PAPER_ALPHA
+from pe_anchors.plots import PAGE_WIDTH, condition_color, plot_fragility, plot_shift_curves, plot_ssdc
+from pe_anchors.results import fragility_frame, summarize_fragility
 from pe_anchors.testing import synthetic_results
 from test_tables import ALPHA, RPI, three_seeds
 
@@ -25,19 +31,19 @@ def test_fig2_draws_mean_and_sd_bands_over_seeds():
     mean, sd = np.mean(RPI['ape'], axis=0), np.std(RPI['ape'], axis=0, ddof=1)
     np.testing.assert_allclose(y, mean)
     for lo, hi in zip(mean - sd, mean + sd): assert np.isclose(band, lo).any() and np.isclose(band, hi).any()
-    assert 'hand, seeds 0–2' in fig.axes[0].get_title()
+    assert 'hand, seeds 0–2' in fig._suptitle.get_text()
     plt.close(fig)
 
 
 def test_fig_alpha_bands_and_the_papers_points():
     df = three_seeds()
     fig = fig_alpha(df)
-    x, y, band = line_and_band(fig.axes[1], 'APE')                        # JPEG FS against α
+    x, y, band = line_and_band(fig.axes[1], 'APE')                        # raw JPEG FS against α
     fs = {al: v[2] for al, v in ALPHA.items()}
     np.testing.assert_allclose(x, sorted(fs)); np.testing.assert_allclose(y, [st.mean(fs[a]) for a in sorted(fs)])
     for a in fs: assert np.isclose(band, st.mean(fs[a]) + st.stdev(fs[a])).any()
     crossed = [l for l in fig.axes[1].lines if l.get_marker() == 'x']
-    assert len(crossed) == 1 and list(crossed[0].get_xdata()) == [.1]     # the near-chance α, crossed out
+    assert len(crossed) == 2 and all(list(c.get_xdata()) == [.1] for c in crossed)   # the near-chance α, raw and above chance
     plt.close(fig)
     spe = df[df.condition == 'ape'].assign(condition='spe')                # an SPE sweep: the paper reports 2 points only
     fig = fig_alpha(spe)
@@ -56,9 +62,106 @@ def test_fig3_names_the_experiment_not_ours():
 
 
 def test_every_named_condition_has_its_own_colour():
-    import matplotlib.colors as mc
-    from pe_anchors.core import CONDITIONS
-    from pe_anchors.plots import condition_color
     hexes = {c: mc.to_hex(condition_color(c)) for c in CONDITIONS}
     same = [(a, b) for i, a in enumerate(hexes) for b in list(hexes)[i + 1:] if hexes[a] == hexes[b]]
     assert not same, f"conditions drawn in the same colour: {same}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every figure-making function: sized for the page, one complete legend outside the data, one colour per condition
+
+def _table():
+    return synthetic_results(seeds=(0, 1, 2), depth=4)
+
+
+def _figures():
+    df = _table()
+    summ = summarize_fragility(fragility_frame(df))
+    yield 'fig1', fig1(df); yield 'fig2', fig2(df); yield 'fig3', fig3(df); yield 'fig4', fig4(df)
+    yield 'fig5', fig5(df); yield 'fig_alpha', fig_alpha(df)
+    yield 'plot_fragility', plot_fragility(summ)
+    yield 'plot_ssdc', plot_ssdc(df[df.stage == 'trained'], mode='rpi', legend='outside').figure
+
+
+@pytest.fixture(scope='module')
+def figures():
+    figs = dict(_figures())
+    yield figs
+    plt.close('all')
+
+
+def _drawn_width(fig) -> float:
+    "The width, in inches, of the PNG the notebook saves (bbox 'tight': legends and titles included)."
+    fig.canvas.draw()
+    return fig.get_tightbbox(fig.canvas.get_renderer()).width
+
+
+def test_figures_fit_the_page(figures):
+    "Shown at ≥ 60 % of its drawn size in an 800 px column; here within the page width itself (100 dpi)."
+    wide = {n: round(float(_drawn_width(f)), 2) for n, f in figures.items() if _drawn_width(f) > PAGE_WIDTH * 1.06}
+    assert not wide, f"figures wider than the page ({PAGE_WIDTH} in): {wide}"
+
+
+def _legend_texts(fig) -> set:
+    return {t.get_text() for lg in [*fig.legends, *[a.get_legend() for a in fig.axes if a.get_legend()]] for t in lg.get_texts()}
+
+
+def test_legends_are_complete_and_outside_the_data(figures):
+    bad = []
+    for name, fig in figures.items():
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        texts = _legend_texts(fig)
+        for ax in fig.axes:
+            if not ax.axison: continue
+            lg = ax.get_legend()
+            if lg is not None and lg.get_window_extent(r).overlaps(ax.get_window_extent(r)):
+                bad.append(f"{name}: a legend inside the axes '{ax.get_title()}'")
+            bars = {id(a) for c in ax.containers for a in c.get_children()}   # point plots: the x ticks and y label say it
+            for l in ax.lines:                                            # every drawn line or marker is explained
+                if id(l) in bars: continue
+                lab = l.get_label()
+                data = len(l.get_xdata()) > 0 and not (len(set(np.atleast_1d(l.get_ydata()))) == 1 and len(l.get_xdata()) == 2
+                                                        and l.get_xdata()[0] == 0 and l.get_xdata()[-1] == 1)   # axhline
+                if data and not lab.startswith('_') and lab not in texts: bad.append(f"{name}: '{lab}' not in a legend")
+                if data and lab.startswith('_') and l.get_marker() not in ('None', None, '', 'o') : bad.append(f"{name}: an unlabelled marker")
+            bands = [c for c in ax.collections if id(c) not in bars and c.get_label().startswith('_')]
+            if bands and '±1 SD over seeds' not in texts:
+                bad.append(f"{name}: bands without a legend entry")
+        for lg in fig.legends:
+            box = lg.get_window_extent(r)
+            if any(box.overlaps(a.get_window_extent(r)) for a in fig.axes if a.axison):
+                bad.append(f"{name}: the figure legend covers a panel")
+    assert not bad, '\n'.join(bad)
+
+
+def test_every_figure_draws_a_condition_in_its_colour_and_label(figures):
+    "Each line or marker labelled with a condition's label is in that condition's colour (plots.condition_color)."
+    labels = {condition_label(c): c for c in CONDITIONS}
+    bad = []
+    for name, fig in figures.items():
+        for ax in fig.axes:
+            for l in ax.lines:
+                c = labels.get(l.get_label().split(' (')[0].split(':')[0])
+                if c and mc.to_hex(l.get_color()) != mc.to_hex(condition_color(c)):
+                    bad.append(f"{name}: {l.get_label()} drawn in {mc.to_hex(l.get_color())}, not {condition_color(c)}")
+            ticks = [t.get_text() for t in ax.get_xticklabels()]           # point plots: one colour per condition on the x axis
+            for coll, tick in zip([c for c in ax.containers], ticks):
+                c = labels.get(tick)
+                if c and mc.to_hex(coll.lines[0].get_color()) != mc.to_hex(condition_color(c)):
+                    bad.append(f"{name}: {tick} point not in its colour")
+    assert not bad, '\n'.join(bad)
+
+
+def test_figure_functions_take_colours_from_the_one_table():
+    "No figure-making module of the package carries its own colours for conditions: they come from plots.condition_color."
+    import inspect, re
+    import pe_anchors
+    from pathlib import Path
+    bad = []
+    for f in sorted(Path(pe_anchors.__file__).parent.rglob('*.py')):
+        src = f.read_text()
+        if f.name == 'plots.py' or 'matplotlib' not in src: continue
+        for m in re.finditer(r"""\{\s*'(ape|spe|rope|nope|rpt)'\s*:\s*['"](C\d|tab:\w+|#[0-9a-fA-F]{6})['"]""", src):
+            bad.append(f"{f.name}: a colour table of its own ({m.group(0)[:40]}…)")
+    assert not bad, '\n'.join(bad)

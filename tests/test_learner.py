@@ -252,13 +252,13 @@ def test_make_dls_and_make_optimizer(small):
 def test_fit_callbacks_and_logging(small, monkeypatch):
     from fastai.callback.progress import ProgressCallback
     from fastcore.basics import noop
-    from pe_anchors.learner import AutoThreads, DDP, DivergenceWarning, EpochLines, Progress, fit_callbacks, set_logging
+    from pe_anchors.learner import DDP, DivergenceWarning, EpochLines, Progress, fit_callbacks, set_logging
     cpu, r = torch.device('cpu'), get_recipe('fast')                           # fast: bf16 and channels-last, CUDA only
     names = lambda cbs: [type(c).__name__ for c in cbs]
     assert names(fit_callbacks(r, cpu)) == ['DDP', 'DivergenceWarning']
     mine = Callback()
-    assert names(fit_callbacks(r, cpu, rpt=True, rpt_mode='sample', seed=3, threads='auto', cbs=[mine])) == \
-           ['DDP', 'DivergenceWarning', 'RPT', 'Callback', 'AutoThreads']
+    assert names(fit_callbacks(r, cpu, rpt=True, rpt_mode='sample', seed=3, cbs=[mine])) == \
+           ['DDP', 'DivergenceWarning', 'RPT', 'Callback']
     assert fit_callbacks(r, cpu, rpt=True, rpt_mode='sample', seed=3)[2].mode == 'sample'
     if torch.cuda.is_available():
         assert names(fit_callbacks(r, torch.device('cuda')))[-2:] == ['MixedPrecision', 'ChannelsLast']

@@ -2,8 +2,8 @@
 import numpy as np
 import pandas as pd
 
-from pe_anchors.measures import acc, measure, rpi
-from pe_anchors.readings import _ordering, padding_reading, readings
+from pe_anchors.measures import acc, delta, fs, measure, per_seed, rpi, within
+from pe_anchors.readings import _ordering, alpha_shape, padding_reading, readings
 from pe_anchors.results import result_frame
 from pe_anchors.testing import synthetic_results
 from test_tables import three_seeds
@@ -49,3 +49,23 @@ def test_padding_reading_names_a_cause_only_from_the_values():
     assert 'mixing grid neighbours' in padding_reading(pad_rows(.2, .18))
     assert 'zero padding' in padding_reading(pad_rows(.2, .0)) and 'one seed' in padding_reading(pad_rows(.2, .0))
     assert 'nothing to attribute' in padding_reading(pad_rows(.01, .0))
+
+
+def test_alpha_shape_reads_monotone_or_where_it_turns():
+    df = three_seeds()                                    # ΔSSDC at α = 1, .5, .1: means .44, .25, .01 (falling)
+    assert alpha_shape(df, 'ape', delta()) == 'falls monotonically from 0.440 (α = 1) to 0.010 (α = 0.1)'
+    bump = df.copy()
+    m = (bump.condition == 'ape') & (bump.metric == 'delta_ssdc') & (bump.alpha == .5) & (bump.sweep == 'alpha')
+    bump.loc[m, 'value'] += .4                            # α = .5 now the largest: it rises, then falls
+    r = within(bump, 'ape', delta().at(.5), delta().at(1.))
+    assert alpha_shape(bump, 'ape', delta()) == (f"is not monotone: 0.440 at α = 1, up to 0.650 at α = 0.5 ("
+                                                 f"{r.effect:+.3f} [{r.low:+.3f}, {r.high:+.3f}] above α = 1, paired by seed), "
+                                                 "then down to 0.010 at α = 0.1")
+
+
+def test_orderings_take_the_quantitys_test():
+    "Accuracy is ordered by Welch's test: a seed effect shared by two conditions does not make their gap decided."
+    rows = []
+    for c, vals in dict(a=[.70, .75, .65], b=[.69, .74, .64]).items():
+        rows += [dict(condition=c, seed=s, metric='acc', shift='clean', value=x, dataset='cifar10') for s, x in enumerate(vals)]
+    assert _ordering(result_frame(rows), ['a', 'b'], acc(), .1) == 'a 0.700 ≈ b 0.690'

@@ -91,3 +91,40 @@ def test_runs_the_experiment_declares_but_its_table_lacks_are_stated(tmp_path, d
     assert missing_runs(None, df) == [] and missing_runs(dict(conditions=conds, seeds=[0, 1, 2]), df) == []
     text = write_report(table, tmp_path / 'out').read_text()
     assert f"not in the table, though the experiment declares them: {', '.join(f'{c}-s3' for c in conds)}" in text
+
+
+def _tree(d) -> dict:
+    "Every file under `d` (the git repository's too) and its bytes."
+    from pathlib import Path
+    return {str(p.relative_to(d)): p.read_bytes() for p in Path(d).rglob('*') if p.is_file()}
+
+
+def test_report_dest_dot_in_a_project_folder_touches_nothing(tmp_path, df, capsys, monkeypatch):
+    "The issue's case: `report --dest .` in a folder with a git repository, sources, data and its own report.md."
+    import subprocess
+    from conftest import cli
+    proj = tmp_path / 'project'; (proj / 'src').mkdir(parents=True)
+    subprocess.run(['git', 'init', '-q', str(proj)], check=True)
+    (proj / 'src' / 'main.py').write_text('print(1)\n'); (proj / 'data.csv').write_text('a,b\n1,2\n')
+    (proj / 'report.md').write_text('# my own notes\n')
+    subprocess.run(['git', '-C', str(proj), 'add', '-A'], check=True)
+    subprocess.run(['git', '-C', str(proj), '-c', 'user.email=a@b', '-c', 'user.name=a', 'commit', '-qm', 'x'], check=True)
+    write_results(df, tmp_path / 'r.csv')
+    before = _tree(proj)
+    monkeypatch.chdir(proj)
+    rc, err = cli(capsys, 'report', tmp_path / 'r.csv', '--dest', '.')
+    assert rc == 2 and 'holds files that are not a report' in err and '.git' in err and 'nothing was changed' in err, err
+    assert _tree(proj) == before and sorted(p.name for p in tmp_path.iterdir()) == ['project', 'r.csv', 'r.csv.sha256']   # nor beside it
+    assert subprocess.run(['git', '-C', str(proj), 'status', '--porcelain'], capture_output=True, text=True).stdout == ''
+
+
+def test_a_report_replaces_only_its_own_files(tmp_path, df):
+    "An earlier report's folder: its files are replaced (a figure it no longer draws goes), a file the user added stays."
+    dest = tmp_path / 'rep'
+    write_report(df, dest, title='all')
+    assert (dest / 'figures' / 'fig5.png').exists()
+    (dest / 'notes.txt').write_text('mine'); (dest / 'figures' / 'mine.png').write_bytes(b'x')
+    write_report(df[df.condition.isin(['ape', 'nope'])], dest, title='two')     # no RPT: no Figure 5
+    assert not (dest / 'figures' / 'fig5.png').exists() and 'pe_anchors report: two' in (dest / 'report.md').read_text()
+    assert (dest / 'notes.txt').read_text() == 'mine' and (dest / 'figures' / 'mine.png').read_bytes() == b'x'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['rep']                  # no staging copy left beside it

@@ -109,3 +109,35 @@ def test_bad_experiments_fail_before_anything_is_written(tmp_path):
         assert not (tmp_path / 'e' / 'experiment.json').exists()
     with pytest.raises(ValueError, match="shard must be"): run_experiment(preset('digits'), tmp_path / 'e', shard='x')
     assert not (tmp_path / 'e').exists()
+
+
+def test_one_run_check_for_report_and_sweep(tmp_path, capsys):
+    """One rule (`results.check_run`) for every reader and the sweep: a run retrained with another recipe name and the same
+    `train_kwargs` (the paper's recipe instead of `fast`) is refused by both, naming it; so is a run whose record says it was
+    measured with another protocol (another SSDC sample seed)."""
+    from conftest import cli
+    from pe_anchors.learner import train
+    (tmp_path / 'cfg').mkdir()
+    e, out = exp_file(tmp_path / 'cfg'), tmp_path / 'o'
+    rc, err = cli(capsys, 'sweep', e, '--out', out, '--workers', '1', '--quiet')
+    assert rc == 0, err
+    exp = tiny()
+    train('nope', _digits(exp), 'paper', run_dir=out / 'runs' / 'nope-s0' / 'train', seed=0, resume=False,
+          show_progress=False, model_kwargs=exp.model_kwargs, **exp.train_kwargs)      # the same train_kwargs, recipe 'paper'
+    for argv in (('report', out), ('sweep', e, '--out', out, '--quiet')):
+        rc, err = cli(capsys, *argv)
+        assert rc == 2 and 'runs/nope-s0 was trained with another setting than this experiment' in err and 'recipe.' in err, err
+    train('nope', _digits(exp), exp.recipe, run_dir=out / 'runs' / 'nope-s0' / 'train', seed=0, resume=False,
+          show_progress=False, model_kwargs=exp.model_kwargs, **exp.train_kwargs)      # its own recipe again: read
+    rc, err = cli(capsys, 'report', out)
+    assert rc == 0, err
+    rec = out / 'runs' / 'ape-s0' / 'run.json'
+    r = json.loads(rec.read_text()); r['protocol']['sample_seed'] = 7; rec.write_text(json.dumps(r))
+    for argv in (('report', out), ('sweep', e, '--out', out, '--quiet')):
+        rc, err = cli(capsys, *argv)
+        assert rc == 2 and 'runs/ape-s0 was measured with another protocol' in err and 'sample_seed 7 against 0' in err, err
+
+
+def _digits(exp):
+    from pe_anchors.data import get_data
+    return get_data(exp.data, **exp.data_kwargs)

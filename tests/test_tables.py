@@ -1,12 +1,15 @@
-"""pe_anchors.tables: cells against hand computations (statistics.mean / stdev on the written-out numbers)."""
-import statistics as st
+"""pe_anchors.tables: cells against hand computations (statistics.mean / stdev on the written-out numbers); the verdict
+table is one table, with its key, wherever a page prints it."""
+import importlib.util, json, math, re, statistics as st
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from pe_anchors.results import fragility_frame, result_frame
-from pe_anchors.tables import compare_verdicts, md_table, noise_note, rpi_summary, table5, table_alpha, table_rpi, verdict_table
+from pe_anchors.results import fragility_frame, load_results, result_frame
+from pe_anchors.tables import (NBSP, compare_verdicts, determinism_table, md_table, noise_note, rpi_summary, table5, table_alpha,
+                               table_rpi, verdict_key, verdict_markdown, verdict_summary, verdict_table)
 from pe_anchors.claims import verdicts
 from pe_anchors.testing import synthetic_results
 
@@ -39,12 +42,15 @@ def three_seeds() -> pd.DataFrame:
                 for al, (ds, acc, fs) in ALPHA.items():
                     rows += [dict(metric='delta_ssdc', mode='rpi', alpha=al, value=ds[s], sweep='alpha', **meta),
                              dict(metric='acc', shift='clean', alpha=al, value=acc[s], sweep='alpha', **meta),
+                             dict(metric='acc', shift='jpeg', severity='paper', alpha=al, value=acc[s] * (1 - fs[s]),
+                                  sweep='alpha', **meta),
                              dict(metric='fs', shift='jpeg', severity='paper', alpha=al, value=fs[s], sweep='alpha', **meta)]
     return result_frame(rows)
 
 
 def ms(values, digits):
-    return f"{st.mean(values):.{digits}f} ± {st.stdev(values):.{digits}f}"
+    "'m ± sd' as a table cell prints it: never broken across lines."
+    return f"{st.mean(values):.{digits}f}{NBSP}±{NBSP}{st.stdev(values):.{digits}f}"
 
 
 def test_three_seeds_tables_show_mean_and_sd():
@@ -52,7 +58,7 @@ def test_three_seeds_tables_show_mean_and_sd():
     t5 = table5(df).set_index('condition')
     assert t5.loc['APE', 'seeds'] == 3 and t5.loc['APE', 'clean acc'] == ms(ACC['ape'], 4)
     assert t5.loc['NoPE', 'JPEG FS'] == ms(FS['nope'], 4) and t5.loc['NoPE', 'blur FS'] == ms([f / 2 for f in FS['nope']], 4)
-    assert t5.loc['NoPE', 'paper blur FS'] == '0.2984 ± 0.0085'
+    assert t5.loc['NoPE', 'paper blur FS'] == f'0.2984{NBSP}±{NBSP}0.0085'
     tr = table_rpi(df).set_index('condition')
     assert tr.loc['APE', 'layer 1'] == ms([r[1] for r in RPI['ape']], 3)
     assert tr.loc['APE', 'last layer'] == ms([r[2] for r in RPI['ape']], 3)
@@ -64,8 +70,10 @@ def test_three_seeds_tables_show_mean_and_sd():
     for al, (ds, acc, fs) in ALPHA.items():
         row = ta.loc[f"{al:.1f}"]
         assert (row['ΔSSDC (RPI)'], row['clean acc']) == (ms(ds, 4), ms(acc, 4))
-        assert row['JPEG FS'] == ms(fs, 4) + (' †' if st.mean(acc) < .2 else '')
-    assert ta.loc['0.1', 'JPEG FS'].endswith('†') and '1 value(s) marked' in ta.attrs['note']
+        assert row['JPEG FS'] == ms(fs, 4) + (f'{NBSP}†' if st.mean(acc) < .2 else '')
+        above = [1 - (a * (1 - f) - .1) / (a - .1) for a, f in zip(acc, fs)]  # FS of the accuracy above chance (1/10)
+        assert row['JPEG FS above chance'].startswith(ms(above, 4))
+    assert ta.loc['0.1', 'JPEG FS'].endswith('†') and '(2 marked)' in ta.attrs['note']
     assert ta.loc['1.0', 'paper ΔSSDC'] == '0.4725'
 
 
@@ -93,10 +101,84 @@ def test_fragility_frame_is_consistent():
 def test_verdict_tables_keep_tests_and_sanity_checks_apart():
     v = verdicts(synthetic_results(seeds=(0, 1, 2)))
     t, s = verdict_table(v, 'test'), verdict_table(v, 'sanity check')
-    assert len(t) + len(s) == len(v) and 'why a sanity check' in s and 'at initialisation' in t
+    assert len(t) + len(s) == len(v) and 'why a sanity check' in s and 'why a sanity check' not in t
     assert set(s['claim']) == set(v[v.kind == 'sanity check']['claim'])
     r = v[v.id == 'pe-helps'].iloc[0]
-    assert t[t.claim == r['claim']]['ours: effect [interval]'].iloc[0] == f"{r['effect']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+    cell = t[t.claim == r['claim']]
+    assert cell['ours [interval]'].iloc[0] == f"{r['effect']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]".replace(' ', NBSP)
+    assert cell['deciding part'].iloc[0] == r['part'] and cell["the paper's"].iloc[0] == f"{r['paper_effect']:+.3f}"
+    assert cell['Holm p'].iloc[0] == f"{r['p_holm']:.2g}".lstrip('0') or r['p_holm'] < .001
+
+
+def test_verdict_markdown_is_caption_table_and_key():
+    df = three_seeds()
+    v = verdicts(df)
+    md = verdict_markdown(df, v=v)
+    cap, table, key = md.split('\n\n')
+    m = int(v[v.kind == 'test']['p'].notna().sum())
+    assert cap == f"**Tests of the paper's claims** (hand, seeds 0–2; {int((v.kind == 'test').sum())} claims, Holm over the {m} with a p):"
+    assert table == md_table(verdict_table(v)) and key == verdict_key(v, df)
+    assert f"adjusted over the {m} claims" in key and 'never gives p below .25' in key       # 3 seeds: 2/2³
+    assert 'nan' not in md.lower() and 'p = <' not in md
+    assert verdict_summary(v).startswith(f"Of the {int((v.kind == 'test').sum())} tests:")
+
+
+def test_md_table_writes_a_missing_value_as_a_dash():
+    assert md_table(pd.DataFrame({'a': [1., math.nan], 'b': ['x', None]})) == '| a | b |\n|---|---|\n| 1.0 | x |\n| – | – |'
+
+
+def test_determinism_table_shows_the_largest_difference_per_run():
+    rt = pd.DataFrame([dict(run='nope-s0', stage='trained', metric='ssdc', mode='normal', max_abs_diff=.0213, where='nope s0 layer 3',
+                            trained_on='CPU (2 cores, 1 torch threads)', committed_on='CPU (2 cores, 2 torch threads)'),
+                       dict(run='nope-s0', stage='trained', metric='ssdc', mode='rpi', max_abs_diff=.0011, where='x',
+                            trained_on='CPU (2 cores, 1 torch threads)', committed_on='CPU (2 cores, 2 torch threads)'),
+                       dict(run='nope-s0', stage='trained', metric='acc', mode='normal', max_abs_diff=.004, where='y',
+                            trained_on='CPU (2 cores, 1 torch threads)', committed_on='CPU (2 cores, 2 torch threads)'),
+                       dict(run='ape-s1', stage='trained', metric='acc', mode='normal', max_abs_diff=0., where='',
+                            trained_on='CPU (2 cores, 1 torch threads)', committed_on='CPU (2 cores, 1 torch threads)')])
+    t = determinism_table(rt).set_index('run')
+    assert t.loc['nope-s0', 'ssdc'] == '0.021' and t.loc['nope-s0', 'largest'] == '0.021'      # the max over modes, not the mean
+    assert t.loc['nope-s0', 'where'] == 'nope s0 layer 3' and t.loc['nope-s0', 'torch threads'] == '2 → 1'
+    assert t.loc['ape-s1', 'largest'] == '0' and t.loc['ape-s1', 'where'] == '–'
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _page_text(nb_path: Path) -> str:
+    "Everything a page prints as markdown or text."
+    out = []
+    for c in json.loads(nb_path.read_text())['cells']:
+        for o in c.get('outputs', []):
+            for k in ('text/markdown', 'text/plain'):
+                v = o.get('data', {}).get(k)
+                if v: out.append(''.join(v) if isinstance(v, list) else v)
+            if 'text' in o: out.append(''.join(o['text']))
+    return '\n'.join(out)
+
+
+def _readme_links(md: str) -> str:
+    "Links as tools/make_readme.py writes them into README.md."
+    spec = importlib.util.spec_from_file_location('make_readme', ROOT / 'tools' / 'make_readme.py')
+    mr = importlib.util.module_from_spec(spec); spec.loader.exec_module(mr)
+    site = mr.site_url()
+    return re.sub(r'\]\((?!https?:|#)([^)]+)\)', lambda m: mr._link(m, site), md)
+
+
+@pytest.mark.parametrize('experiment, places', [
+    ('cifar10-cpu', ('nbs/10d_tables.ipynb', 'nbs/20_reproduce.ipynb', 'nbs/index.ipynb', 'README.md')),
+    ('digits', ('nbs/20_reproduce.ipynb',))])
+def test_every_page_prints_the_same_verdict_table(experiment, places):
+    "The verdict table of a committed experiment, with its key, as `verdict_markdown` makes it now, on every page that shows it."
+    df = load_results(ROOT / 'nbs' / 'results' / experiment / 'results.csv')
+    want = verdict_markdown(df)
+    bad = []
+    for place in places:
+        p = ROOT / place
+        text, expect = (p.read_text(), _readme_links(want)) if p.suffix == '.md' else (_page_text(p), want)
+        if expect not in text: bad.append(place)
+    assert not bad, (f"{experiment}: the verdict table (verdict_markdown, with its key) is not printed as now computed on "
+                     f"{bad}: re-run them (python tools/run_notebooks.py ...; README: python tools/make_readme.py)")
 
 
 def test_compare_verdicts_side_by_side():

@@ -13,7 +13,7 @@ from pe_anchors.config import Experiment
 from pe_anchors.results import result_frame
 from pe_anchors.learner import pe_learner
 
-from conftest import cli, fake_run, exp_file, nano_checkpoint, tiny
+from conftest import ROOT, cli, fake_run, exp_file, nano_checkpoint, tiny
 
 
 def _sweep(**fields):
@@ -82,6 +82,35 @@ def _pickle_hub(t: Path):
     return ['export', t / 'run', t / 'hub']
 
 
+def _deep_yaml(t: Path):
+    "`sweep` of an experiment file nested 5000 levels deep (a YAML bomb of brackets)."
+    (t / 'e.yaml').write_text('name: ' + '[' * 5000 + ']' * 5000 + '\n')
+    return ['sweep', t / 'e.yaml', '--out', t / 'o', '--quiet']
+
+
+def _report_csv(t: Path) -> Path:
+    from pe_anchors.testing import synthetic_results
+    p = t / 'r.csv'; synthetic_results(seeds=(0,)).to_csv(p, index=False)
+    return p
+
+
+def _hub_run(t: Path) -> Path:
+    "A run whose kept model is a Hub folder (what `export` reads)."
+    import timm
+    from pe_anchors.hub import save_hub
+    save_hub(timm.create_model('pe_vit_nano_patch2_16', pe='ape', num_classes=10), t / 'run' / 'model')
+    return t / 'run'
+
+
+def _folder(t: Path) -> Path:
+    "An image folder of 2 classes (train/, val/), 16 px JPEGs."
+    for split in ('train', 'val'):
+        for c in ('a', 'b'):
+            (t / 'imgs' / split / c).mkdir(parents=True, exist_ok=True)
+            for i in range(4): (t / 'imgs' / split / c / f'{i}.jpg').write_bytes(_jpeg(16))
+    return t / 'imgs'
+
+
 class _Planted:
     def __reduce__(self): return (os.system, ('echo planted',))
 
@@ -135,6 +164,30 @@ ROWS = [   # (case, argv from tmp_path, exit status, words the one stderr line h
                                          '--out', t / 'o', '--quiet'], 2, ['hf-hub:timm/vit_tiny_patch16_224', '--allow-network']),
     ('download-in-a-file', _sweep(data='cifar10', data_kwargs=dict(download=True)), 2,
      ['e.yaml', 'data_kwargs.download', 'cifar10 dataset', '--allow-network']),
+    # issue 51: the cases that ended in a traceback, and values that were checked only after experiment.json was written
+    ('train-out-name-too-long', lambda t: ['train', '--out', t / ('x' * 300), '--quiet'], 2, ['--out', 'more than this file system allows']),
+    ('sweep-out-name-too-long', lambda t: ['sweep', exp_file(t), '--out', t / ('x' * 300), '--quiet'], 2, ['--out', '300 bytes long']),
+    ('analyze-out-name-too-long', lambda t: ['analyze', nano_checkpoint(t), '--out', t / ('x' * 300), '--quiet'], 2, ['--out', '300 bytes']),
+    ('report-dest-name-too-long', lambda t: ['report', _report_csv(t), '--dest', t / ('x' * 300)], 2, ['--dest', '300 bytes']),
+    ('export-name-too-long', lambda t: ['export', _hub_run(t), t / ('x' * 300)], 2, ['the folder', '300 bytes']),
+    ('yaml-nested-too-deeply', _deep_yaml, 2, ['e.yaml', 'nested too deeply']),
+    ('mixup-unknown-key', _sweep(train_kwargs=dict(epochs=1, mixup=dict(alpha=.8))), 2, ["unknown argument(s) ['alpha']", 'Mixup']),
+    ('optimizer-unknown', _sweep(train_kwargs=dict(epochs=1, opt='sgd')), 2, ["unknown optimizer 'sgd'", "'adamw'"]),
+    ('augmentation-unknown', _sweep(train_kwargs=dict(epochs=1, aug='bogus')), 2, ["unknown augmentation 'bogus'", "'crop_flip'"]),
+    ('batch-larger-than-the-data', _sweep(train_kwargs=dict(epochs=1, bs=100_000)), 2, ['batch size 100000', '1437 training images']),
+    ('negative-width', _sweep(model_kwargs=dict(depth=2, mlp_ratio=-1.)), 2, ['model_kwargs', 'negative dimension']),
+    ('alpha-1e308', _sweep(alphas=[1., 1e308]), 2, ['e.yaml', 'alphas[1]', '0..1000']),
+    ('shift-ref-size-too-small', _sweep(shift_ref_size=1), 2, ['shift_ref_size 1', 'does not fit 16 px images']),
+    ('image-folder-unknown-key', lambda t: _sweep(data=str(_folder(t)), data_kwargs=dict(bakground=64))(t), 2,
+     ['data_kwargs', "'bakground'", 'image_folder()']),
+    ('study-sizes-beyond-memory', lambda t: ['study', ROOT / 'nbs' / 'results' / 'digits', '--resolution', '--sizes', '100000',
+                                             '--out', t / 'o'], 2, ['--sizes 100000', 'GiB of memory', 'this machine has']),
+    ('atlas-unknown-timm-model', lambda t: ['atlas', 'vit_nonexistent_patch4', '--data-path', t / 'c.npz', '--out', t / 'o'], 2,
+     ["atlas: unknown model 'vit_nonexistent_patch4'", 'timm.list_models()']),
+    ('atlas-pretrained-offline', lambda t: ['atlas', 'vit_tiny_patch16_224.augreg_in21k', '--data-path', t / 'c.npz', '--out', t / 'o'], 2,
+     ['atlas', 'pretrained weights of vit_tiny_patch16_224.augreg_in21k', '--allow-network']),
+    ('threads-beyond-the-cores', lambda t: ['train', '--out', t / 'o', '--threads', '100000'], 2, ['--threads', 'more than the', 'core(s)']),
+    ('cpu-isa-unknown', lambda t: ['--cpu-isa', 'avx9', 'train', '--out', t / 'o'], 2, ["unknown CPU instruction set 'avx9'", "'avx2'"]),
 ]
 
 

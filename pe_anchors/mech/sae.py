@@ -299,6 +299,7 @@ def sae_causal_test(model: nn.Module,
                     mode: str = 'zero',
                     ssdc_mode: str = 'rpi',            # measure_ssdc mode of the SSDC column
                     n_perms: int = 4,
+                    perm_seed: int = 0,                # the first RPI draw's permutation seed (`core.run_perm_seed`)
                     seed: int = 0,
                     min_rel_act: float = .01,          # random sets: latents at least this active (as position_selectivity)
                     max_images: int | None = None,
@@ -354,7 +355,7 @@ def sae_causal_test(model: nn.Module,
                 if probes is not None:
                     acc = probes.score(layer_tokens(model, batches, layer, 'ln1', max_images, show_progress=False))
                     row.update({f'probe_{t}': a for t, a in zip(acc.target, acc.test_acc)})
-                runs = measure_ssdc(model, batches, ssdc_mode, n_perms, layers=[layer], max_images=max_images,
+                runs = measure_ssdc(model, batches, ssdc_mode, n_perms, perm_seed, layers=[layer], max_images=max_images,
                                     show_progress=False)
                 row['ssdc'] = float(runs.values.mean())
                 row['top1'] = _top1(model, batches, max_images)

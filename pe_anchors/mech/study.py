@@ -12,52 +12,85 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core import code_version, hardware_info, pbar, write_atomic
+from ..core import code_version, hardware_info, read_json, write_atomic
 from ..anatomy import anatomy
 from ..interventions import pe_table_ssdc
-from ..experiment import EvalData, experiment_data, experiment_of, kept_runs, load_kept
-from ..results import read_table, write_results
+from ..rundir import RunDir, StudyDir
+from ..study import Study, StudyRun, run_study
 from .position import (content_floor, fit_position_probes, layer_tokens, probe_knockouts, probe_study,
                                       rebuild_heads, withheld_retention)
 from .sae import MassUnmatched, fit_sae, latent_position_means, position_selectivity, sae_causal_test, sae_stats
 
+
 # %% auto #0
-__all__ = ['mech_study']
+__all__ = ['probes_declaration', 'rope_declaration', 'sae_declaration', 'mech_study']
 
 # %% ../../nbs/11_mech.study.ipynb #980dd006
-def _write(df: pd.DataFrame, out: Path, name: str):
-    write_results(df, out / f'{name}.csv')
+def _probes(probe_steps: int):
+    def measure(r: StudyRun) -> pd.DataFrame:
+        pr = probe_study({(r.condition, r.seed): r.model}, r.ev.ssdc_batches, steps=probe_steps, show_progress=False)
+        return pr.assign(table_ssdc=pe_table_ssdc(r.model) if 'additive' in anatomy(r.model).position else np.nan)
+    return measure
 
-_STAGES = {'probes': ('probes',), 'rope': ('knockouts', 'withheld', 'heads'), 'sae': ('sae', 'sae_latents', 'sae_causal')}
+def probes_declaration(probe_steps: int = 400) -> Study:
+    "Position, row and column probes at every layer (`probes.csv`), each row beside the NoPE floor of its seed and layer."
+    return Study('probes', _probes(probe_steps), settings=dict(probe_steps=probe_steps, test_frac=.25),
+                 finish={'probes': content_floor}, description='linear position probes per layer, beside the content floor')
 
-def _measured(out: Path, stage: str, settings: dict) -> tuple[dict, list, float]:
-    "A stage's tables, the runs they hold and their wall time, from earlier calls with the same settings (else nothing)."
-    f = out / f'.{stage}.json'
-    if not f.exists(): return {}, [], 0.
-    rec = json.loads(f.read_text())
-    runs, wall = [tuple(r) for r in rec.pop('runs')], rec.pop('wall_s', 0.)
-    if rec != settings: return {}, [], 0.                # other settings: measured again, from scratch
-    return {n: read_table(out / f'{n}.csv') for n in _STAGES[stage] if (out / f'{n}.csv').exists()}, runs, wall
+def _rope(probe_steps: int):
+    def measure(r: StudyRun) -> dict:
+        m, meta = r.model, dict(condition=r.condition, seed=r.seed)
+        if not anatomy(m).rotary: return {}
+        kw = dict(n_perms=r.n_perms, perm_seed=r.perm_seed, show_progress=False)
+        h = rebuild_heads(m, r.ev.ssdc_batches, withheld=1, **kw).assign(**meta)
+        gap, gap_se = h.attrs.get('top_gap', (np.nan, np.nan))
+        return dict(knockouts=probe_knockouts(m, r.ev.ssdc_batches, layer=-1, steps=probe_steps, show_progress=False).assign(**meta),
+                    withheld=withheld_retention(m, r.ev.ssdc_batches, **kw, **meta),
+                    heads=h.assign(rank=np.arange(1, len(h) + 1), top_gap=gap, top_gap_se=gap_se))
+    return measure
 
-def _finish(out: Path, stage: str, settings: dict, runs: list, tables: dict, seconds: float):
-    "Write a stage's tables as soon as it ends (an interrupted study keeps them), then record the runs they hold."
-    out.mkdir(parents=True, exist_ok=True)
-    for n in _STAGES[stage]:
-        if n in tables: _write(tables[n].reset_index(drop=True), out, n)
-    write_atomic(out / f'.{stage}.json', json.dumps(dict(settings, runs=[list(r) for r in runs], wall_s=round(seconds, 1))))
+def rope_declaration(probe_steps: int = 400) -> Study:
+    "RoPE's plane knockouts, withheld rotations and rebuild heads (`knockouts`, `withheld`, `heads`); nothing for other PEs."
+    return Study('rope', _rope(probe_steps), tables=('knockouts', 'withheld', 'heads'),
+                 settings=dict(probe_steps=probe_steps, withheld=1), description="RoPE's row/column planes and rebuild heads")
 
-def _stage(out: Path, stage: str, settings: dict, runs: list, measure) -> dict:
-    "Measure a stage on the runs its tables lack (`measure(runs)` -> tables), append them and write the stage."
-    have, done, wall = _measured(out, stage, settings)
-    todo = [r for r in runs if r not in done]
-    if not todo: return have
-    t = time.perf_counter()
-    new = measure(todo)
-    tables = {n: pd.concat([f for f in (have.get(n), new.get(n)) if f is not None], ignore_index=True)
-              for n in _STAGES[stage] if n in have or n in new}
-    if stage == 'probes': tables['probes'] = content_floor(tables['probes'])  # a control measured now floors older rows
-    _finish(out, stage, settings, done + todo, tables, wall + time.perf_counter() - t)
-    return tables
+def _sae_images(ctx, n_images: int) -> list[torch.Tensor]:
+    "The training images an SAE is fitted on (the same `n_images` for every model), normalised, in batches."
+    ev, bs = ctx.ev, ctx.exp.eval_bs
+    idx = torch.randperm(len(ev.data.train.images), generator=torch.Generator().manual_seed(0))[:n_images].sort().values
+    return [ev.data.normalize(ev.data.train.images[idx[i:i + bs]].to(ev.device)) for i in range(0, len(idx), bs)]
+
+def _sae(block: int, k: int, expansion: int, steps: int, n_selected: int, n_random: int, probe_steps: int):
+    def measure(r: StudyRun) -> dict:
+        m, ev = r.model, r.ev
+        labelled = list(zip(ev.ssdc_batches, ev.labels[ev.ssdc_index].split(r.exp.eval_bs)))
+        sae, _ = fit_sae(layer_tokens(m, r.prepared, block, 'resid'), expansion=expansion, k=k, steps=steps, bs=2048, lr=1e-3,
+                         dead_after=50_000, seed=r.seed, show_progress=False)
+        toks = layer_tokens(m, ev.ssdc_batches, block, 'resid')
+        sel = position_selectivity(latent_position_means(sae, toks), anatomy(m).grid_size)
+        probes = fit_position_probes(layer_tokens(m, ev.ssdc_batches, -1), anatomy(m).grid_size, steps=probe_steps)
+        kw = dict(block=block, latents=sel.nlargest(n_selected, 'pos_sel').latent.to_numpy(), probes=probes, layer=-1,
+                  n_random=n_random, n_perms=r.n_perms, perm_seed=r.perm_seed, seed=r.seed, show_progress=False)
+        try: causal, unmatched = sae_causal_test(m, sae, labelled, match='mass', **kw), None
+        except MassUnmatched as e:                        # no random set removes as much: controls of as many latents
+            causal, unmatched = sae_causal_test(m, sae, labelled, match='count', **kw), e
+        meta = dict(condition=r.condition, seed=r.seed)
+        stats = dict(meta, block=block, k=k, n_latents=sae.n_latents, fired=int((sel.mean_act > 0).sum()),
+                     measured=int(sel.pos_sel.notna().sum()), row_sel_3=int((sel.row_sel > 3).sum()),
+                     col_sel_3=int((sel.col_sel > 3).sum()), match='count' if unmatched else 'mass',
+                     others_removed=unmatched.ceiling if unmatched else np.nan,     # every other active latent at once
+                     **sae_stats(sae, toks))
+        return dict(sae=pd.DataFrame([stats]), sae_latents=sel.assign(**meta), sae_causal=causal.assign(**meta))
+    return measure
+
+def sae_declaration(block: int = 1, images: int = 4000, k: int = 16, expansion: int = 5, steps: int = 3000,
+                    n_selected: int = 32, n_random: int = 5, probe_steps: int = 400) -> Study:
+    "A TopK SAE per model, its position-selective latents and their causal test (`sae`, `sae_latents`, `sae_causal`)."
+    return Study('sae', _sae(block, k, expansion, steps, n_selected, n_random, probe_steps),
+                 tables=('sae', 'sae_latents', 'sae_causal'), prepare=lambda ctx: _sae_images(ctx, images),
+                 settings=dict(block=block, images=images, k=k, expansion=expansion, steps=steps, n_selected=n_selected,
+                               n_random=n_random, probe_steps=probe_steps, tol=.2),
+                 description='TopK SAE position features and their causal ablation')
 
 def mech_study(path: str | Path,                          # an experiment directory or results folder with kept models
                out: str | Path,                           # where the tables go (e.g. nbs/results/<experiment>/mech)
@@ -70,89 +103,27 @@ def mech_study(path: str | Path,                          # an experiment direct
                sae_k: int = 16, sae_expansion: int = 5, sae_steps: int = 3000,
                n_selected: int = 32,                      # latents ablated in the causal test (most position-selective)
                n_random: int = 5,
-               n_perms: int = 8,
                probe_steps: int = 400,
+               restart: bool = False,
                show_progress: bool | None = None,
               ) -> dict[str, pd.DataFrame]:
-    """Probes with the content floor, RoPE knockouts and rebuild heads, SAE features and causal tests on kept models.
-    The tables accumulate: a call measures only the runs they do not hold yet (a new seed, or a stage an interrupted
-    call did not finish), and returns every run they hold."""
-    path, out = Path(path), Path(out)
-    exp = experiment_of(path)
-    runs = [(c, s) for c, s in kept_runs(path) if c in conditions and (seeds is None or s in seeds)]
-    if not runs: raise FileNotFoundError(f"no kept models of {', '.join(conditions)} under {path / 'runs'}")
-    settings = dict(experiment=exp.name, sae_conditions=list(sae_conditions), sae_block=sae_block, sae_images=sae_images,
-                    sae_k=sae_k, sae_expansion=sae_expansion, sae_steps=sae_steps, n_selected=n_selected,
-                    n_random=n_random, n_perms=n_perms, probe_steps=probe_steps)
-    t0 = time.perf_counter()
-    ev = EvalData(experiment_data(exp, data_path), exp.ssdc_images, exp.eval_bs, device, sample_seed=exp.sample_seed)
-    loaded = {}
-    def model(r):                                         # loaded once, and only when a stage measures it
-        if r not in loaded: loaded[r] = load_kept(path, *r, ev=ev).model
-        return loaded[r]
-    batches = ev.ssdc_batches
-    labelled = list(zip(batches, ev.labels[ev.ssdc_index].split(exp.eval_bs)))
-
-    def probes(todo):                                     # probes, with the table's own SSDC for additive PEs
-        models = {r: model(r) for r in todo}
-        pr = probe_study(models, batches, steps=probe_steps, show_progress=show_progress)
-        tab = {k: pe_table_ssdc(m) for k, m in models.items() if 'additive' in anatomy(m).position}
-        pr['table_ssdc'] = [tab.get((c, s), np.nan) for c, s in zip(pr['condition'], pr['seed'])]
-        return dict(probes=pr)
-
-    def rope(todo):                                       # RoPE: knockouts, withheld rotations, rebuild heads
-        ko, wr, hd = [], [], []
-        for c, s in todo:
-            m = model((c, s))
-            if not anatomy(m).rotary: continue
-            ko.append(probe_knockouts(m, batches, layer=-1, steps=probe_steps, show_progress=False).assign(condition=c, seed=s))
-            wr.append(withheld_retention(m, batches, n_perms=n_perms, show_progress=False, condition=c, seed=s))
-            h = rebuild_heads(m, batches, withheld=1, n_perms=n_perms, show_progress=False).assign(condition=c, seed=s)
-            gap, gap_se = h.attrs.get('top_gap', (np.nan, np.nan))
-            hd.append(h.assign(rank=np.arange(1, len(h) + 1), top_gap=gap, top_gap_se=gap_se))
-        return {n: pd.concat(fr, ignore_index=True) for n, fr in (('knockouts', ko), ('withheld', wr), ('heads', hd)) if fr}
-
-    def saes(todo):                                       # SAEs: fitted on training images, scored and ablated on the sample
-        todo = [(c, s) for c, s in todo if c in sae_conditions]
-        if not todo: return {}
-        st, ct, sl = [], [], []
-        g = torch.Generator().manual_seed(0)
-        train_idx = torch.randperm(len(ev.data.train.images), generator=g)[:sae_images].sort().values
-        fit_imgs = [ev.data.normalize(ev.data.train.images[train_idx[i:i + exp.eval_bs]].to(ev.device))
-                    for i in range(0, len(train_idx), exp.eval_bs)]
-        for c, s in todo:
-            m = model((c, s))
-            sae, _ = fit_sae(layer_tokens(m, fit_imgs, sae_block, 'resid'), expansion=sae_expansion, k=sae_k,
-                             steps=sae_steps, bs=2048, lr=1e-3, dead_after=50_000, seed=s, show_progress=False)
-            toks = layer_tokens(m, batches, sae_block, 'resid')
-            sel = position_selectivity(latent_position_means(sae, toks), anatomy(m).grid_size)
-            probes = fit_position_probes(layer_tokens(m, batches, -1), anatomy(m).grid_size, steps=probe_steps)
-            top = sel.nlargest(n_selected, 'pos_sel').latent.to_numpy()
-            kw = dict(block=sae_block, latents=top, probes=probes, layer=-1, n_random=n_random, n_perms=n_perms, seed=s,
-                      show_progress=False)
-            try: causal, unmatched = sae_causal_test(m, sae, labelled, match='mass', **kw), None
-            except MassUnmatched as e:                    # no random set removes as much: controls of as many latents
-                causal, unmatched = sae_causal_test(m, sae, labelled, match='count', **kw), e
-            ct.append(causal.assign(condition=c, seed=s))
-            st.append(dict(condition=c, seed=s, block=sae_block, k=sae_k, n_latents=sae.n_latents,
-                           fired=int((sel.mean_act > 0).sum()), measured=int(sel.pos_sel.notna().sum()),
-                           row_sel_3=int((sel.row_sel > 3).sum()), col_sel_3=int((sel.col_sel > 3).sum()),
-                           match='count' if unmatched else 'mass',
-                           others_removed=unmatched.ceiling if unmatched else np.nan,  # every other active latent at once
-                           **sae_stats(sae, toks)))
-            sl.append(sel.assign(condition=c, seed=s))
-        return dict(sae=pd.DataFrame(st), sae_latents=pd.concat(sl), sae_causal=pd.concat(ct))
-
+    "Probes with the content floor, RoPE knockouts and rebuild heads, SAE features and causal tests on kept models."
+    t0, out = time.perf_counter(), Path(out)
+    kw = dict(seeds=seeds, data_path=data_path, device=device, restart=restart, show_progress=show_progress)
+    parts = ((probes_declaration(probe_steps), conditions), (rope_declaration(probe_steps), conditions),
+             (sae_declaration(sae_block, sae_images, sae_k, sae_expansion, sae_steps, n_selected, n_random, probe_steps),
+              [c for c in conditions if c in sae_conditions]))
     tables = {}
-    for stage, measure in (('probes', probes), ('rope', rope), ('sae', saes)):
-        tables.update(_stage(out, stage, settings, runs, measure))
-    recs = {k: json.loads((out / f'.{k}.json').read_text()) for k in _STAGES}
-    held = [tuple(r) for r in recs['probes']['runs']]
+    for st, conds in parts:
+        if not conds: continue
+        got = run_study(st, path, out, conditions=list(conds), **kw)
+        tables.update(got if isinstance(got, dict) else {st.name: got})
+    recs = {st.name: [read_json(StudyDir(out, st.name).record(c, s)) for c, s in StudyDir(out, st.name).runs()] for st, _ in parts}
     write_atomic(out / 'meta.json', json.dumps(dict(
-        experiment=exp.name, runs=[f"{c}-s{s}" for c, s in sorted(held)], n_images=ev.n_ssdc, probe_steps=probe_steps,
-        probe_test_frac=.25, n_perms=n_perms, sae=dict(conditions=list(sae_conditions), block=sae_block, images=sae_images,
-        k=sae_k, expansion=sae_expansion, steps=sae_steps, n_selected=n_selected, n_random=n_random, tol=.2),
-        wall_s={k: r['wall_s'] for k, r in recs.items()}, total_s=round(sum(r['wall_s'] for r in recs.values()), 1),
-        this_call_s=round(time.perf_counter() - t0, 1),
-        hardware=hardware_info(ev.device), code=code_version()), indent=2))
+        experiment=next(r['experiment'] for rs in recs.values() for r in rs),
+        runs=[RunDir.name(c, s) for c, s in StudyDir(out, 'probes').runs()],
+        settings={k: rs[0]['settings'] for k, rs in recs.items() if rs}, sae_conditions=list(sae_conditions),
+        wall_s={k: round(sum(r['wall_s'] for r in rs), 1) for k, rs in recs.items()},
+        this_call_s=round(time.perf_counter() - t0, 1), hardware=hardware_info(device), code=code_version()), indent=2))
     return tables
+
