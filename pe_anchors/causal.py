@@ -16,10 +16,11 @@ from .core import FACTORIAL, FACTORIAL_SCALES, FACTORIAL_SHUFFLES, condition_lab
 from .stats import LEVEL, Comparison, TooFewSeeds, compare, detectable_effect, fmt_p, holm, p_is, pooled_sd
 
 # %% auto #0
-__all__ = ['C10C_MEAN', 'PAIRED', 'QUANTITIES', 'PAIRS', 'POSITION_FREE', 'DOSE_SET', 'corruption_summary', 'testbed', 'Line',
-           'fit_line', 'effective_robustness', 'fig_testbed', 'model_points', 'seeds_of', 'read_pair', 'pair_line',
-           'per_model', 'two_groups', 'graded', 'dose_response', 'factorial_points', 'two_way', 'detectable',
-           'matched_accuracy', 'compare_matched']
+__all__ = ['STUDY_TABLES', 'C10C_MEAN', 'PAIRED', 'QUANTITIES', 'PAIRS', 'POSITION_FREE', 'DOSE_SET', 'corruption_summary',
+           'Tables', 'load_tables', 'testbed', 'Line', 'fit_line', 'effective_robustness', 'fig_testbed',
+           'model_points', 'model_labels', 'seeds_of', 'read_pair', 'pair_line', 'pair_table', 'per_model',
+           'two_groups', 'graded', 'dose_response', 'factorial_points', 'two_way', 'detectable', 'matched_accuracy',
+           'compare_matched']
 
 # %% ../nbs/10h_causal.ipynb #c8947164
 def corruption_summary(df: pd.DataFrame, by: str = 'category') -> pd.DataFrame:
@@ -30,7 +31,34 @@ def corruption_summary(df: pd.DataFrame, by: str = 'category') -> pd.DataFrame:
     t['seeds'] = df.groupby('condition')['seed'].nunique()
     return t.loc[condition_order(t.index)]
 
-# %% ../nbs/10h_causal.ipynb #ed0848a5
+# %% ../nbs/10h_causal.ipynb #733c3fb9
+@dataclass
+class Tables:
+    "Every experiment's results table and the study tables of every experiment, concatenated."
+    results: dict
+    cifar10c: pd.DataFrame | None = None
+    resolution: pd.DataFrame | None = None
+    signal: pd.DataFrame | None = None
+    padding: pd.DataFrame | None = None
+    trajectory: pd.DataFrame | None = None
+
+STUDY_TABLES = {'cifar10c': 'cifar10c', 'resolution': 'resolution', 'signal': 'signal_ratio', 'padding': 'peg_padding',
+                'trajectory': 'trajectory'}
+
+def load_tables(root, experiments: Sequence[str] | None = None) -> Tables:
+    "The results and study tables of the results folders under `root` (those of `experiments`, default every one with a results table)."
+    from pathlib import Path
+    from pe_anchors.results import load_results, read_results, read_table
+    root = Path(root)
+    names = experiments or sorted(p.parent.name for p in root.glob('*/results.csv'))
+    res = {n: load_results(root / n / 'results.csv') for n in names}
+    out = {}
+    for k, f in STUDY_TABLES.items():
+        frames = [(read_results if k == 'padding' else read_table)(root / n / f'{f}.csv') for n in names if (root / n / f'{f}.csv').exists()]
+        out[k] = pd.concat(frames, ignore_index=True) if frames else None
+    return Tables(res, **out)
+
+# %% ../nbs/10h_causal.ipynb #75d0edbb
 C10C_MEAN = 'C10-C mean'
 
 def _logit(p) -> np.ndarray:
@@ -97,7 +125,7 @@ def effective_robustness(points: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, 
     out['er'] = [float(a - lines[s].predict(c)) for s, c, a in zip(out['shift'], out['acc_clean'], out['acc_shift'])]
     return out.reset_index(drop=True), lines
 
-# %% ../nbs/10h_causal.ipynb #07b2c80a
+# %% ../nbs/10h_causal.ipynb #2dba133d
 def fig_testbed(points: pd.DataFrame, lines: dict, shifts: Sequence[str] = ('JPEG', 'blur', C10C_MEAN), label=None):
     "Shifted against clean accuracy per shift (logit axes): finished models labelled, trajectories joined, the fitted line."
     import matplotlib.pyplot as plt
@@ -126,7 +154,7 @@ def fig_testbed(points: pd.DataFrame, lines: dict, shifts: Sequence[str] = ('JPE
         ax.grid(alpha=.3); ax.legend(fontsize=8, loc='upper left', title='dots: finished models; thin lines: along training', title_fontsize=7)
     fig.tight_layout(); return fig
 
-# %% ../nbs/10h_causal.ipynb #575953ca
+# %% ../nbs/10h_causal.ipynb #ffe90023
 def _point(df, c, s, alpha=None) -> dict:
     from pe_anchors.measures import Missing, acc, delta, fs, peak, per_seed, rpi, table_ssdc
     out = {}
@@ -195,7 +223,7 @@ def model_points(results: dict,                       # experiment name -> resul
         merge(fin, [c for c in fin.columns if c.startswith('er_')])
     return out
 
-# %% ../nbs/10h_causal.ipynb #132071cb
+# %% ../nbs/10h_causal.ipynb #f725a043
 PAIRED = {'peak': 'auto'}                    # quantities the seed pairs (the permutation draws); every other: Welch
 QUANTITIES = {'peak': 'peak RPI-SSDC', 'acc': 'clean accuracy', 'fs_jpeg': 'JPEG FS', 'fs_blur': 'blur FS',
               'fs_c10c': 'CIFAR-10-C mean FS', 'er_JPEG': 'JPEG ER', 'er_blur': 'blur ER', f'er_{C10C_MEAN}': 'CIFAR-10-C mean ER',
@@ -212,6 +240,13 @@ PAIRS = {   # name -> ((experiment, condition), (experiment, condition), what ch
     'RoPE depth': (('cifar10-cpu', 'rope'), ('cifar10-cpu-deep', 'rope'), '8 blocks instead of 4'),
     'NoPE depth': (('cifar10-cpu', 'nope'), ('cifar10-cpu-deep', 'nope'), '8 blocks instead of 4'),
 }
+
+def model_labels(keys) -> dict:
+    "A unique label per (experiment, condition): the condition's label, with the experiment added where two share it."
+    keys = list(dict.fromkeys(keys))
+    base = {k: condition_label(k[1]) for k in keys}
+    twice = {v for v in base.values() if list(base.values()).count(v) > 1}
+    return {k: f"{v} ({k[0]})" if v in twice else v for k, v in base.items()}
 
 def seeds_of(points: pd.DataFrame, model, q: str) -> pd.Series:
     "The per-seed values of quantity `q` of a trained model (a condition, or (experiment, condition)), indexed by seed."
@@ -244,7 +279,28 @@ def pair_line(points: pd.DataFrame, a, b, what: str = '') -> str:
         parts.append(f"**{s}**" if r.sign else s)
     return f"{name(a)} → {name(b)}" + (f" ({what})" if what else '') + ': ' + '; '.join(parts) + '.'
 
-# %% ../nbs/10h_causal.ipynb #c126464c
+def pair_table(points: pd.DataFrame, pairs: dict = PAIRS,
+               quantities: Sequence[str] = ('peak', 'acc', 'fs_c10c', f'er_{C10C_MEAN}', 'fs_jpeg', 'er_JPEG')) -> pd.DataFrame:
+    "One row per pair whose two models are in `points`: each quantity's change `b − a` with its interval (bold: told apart), and the test."
+    have = set(zip(points['experiment'], points['condition']))
+    rows = []
+    for key, (a, b, what) in pairs.items():
+        if a not in have or b not in have: continue
+        r = read_pair(points, a, b, quantities)
+        lab = model_labels([a, b])
+        row = dict(pair=f"{lab[a]} → {lab[b]}", change=what)
+        for q in quantities:
+            c = r.get(q)
+            if c is None: row[QUANTITIES[q]] = '–'; continue
+            if isinstance(c, str): row[QUANTITIES[q]] = 'not compared'; continue
+            cell = f"{c.effect:+.3f} [{c.low:+.3f}, {c.high:+.3f}]".replace(' ', ' ')
+            row[QUANTITIES[q]] = f"**{cell}**" if c.sign else cell
+        tests = {c.test.split(' (')[0] + f" ({c.n})" for c in r.values() if not isinstance(c, str)}
+        row['tests'] = '; '.join(sorted(tests))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+# %% ../nbs/10h_causal.ipynb #41536a29
 POSITION_FREE = ('nope', 'rpt', 'alibi', 'peg_circular', 'nope_conv_circular')   # no index anchoring by construction (or by verdict)
 
 def per_model(points: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
@@ -260,6 +316,7 @@ def two_groups(points: pd.DataFrame, target: str, level: float = LEVEL) -> dict:
     m = per_model(points, [target]).dropna(subset=[target])
     free, anch = m.loc[m['free'], target], m.loc[~m['free'], target]
     r = compare(free.reset_index(drop=True), anch.reset_index(drop=True), paired=False, level=level)
+    r = Comparison(r.effect, r.low, r.high, r.p, r.test, f"{len(free)} vs {len(anch)} models", r.df, r.se)
     u = stats.mannwhitneyu(free, anch, alternative='two-sided') if len(free) and len(anch) else None
     return dict(target=target, free=len(free), anchored=len(anch), mean_free=float(free.mean()), mean_anchored=float(anch.mean()),
                 comparison=r, mw_p=float(u.pvalue) if u is not None else np.nan)
@@ -286,7 +343,7 @@ def graded(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs_jpeg',
     return dict(measure=measure, target=target, n=len(m), rho=float(stats.spearmanr(x, y).statistic), low=float(lo),
                 high=float(hi), partial=_partial(x, y, z))
 
-# %% ../nbs/10h_causal.ipynb #c531a9f0
+# %% ../nbs/10h_causal.ipynb #ff90a310
 DOSE_SET = ('nope', 'spe_x025', 'spe_x05', 'spe', 'random_table', 'smooth_table')   # fixed additive tables: one backbone
 
 def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs_jpeg',
@@ -311,7 +368,7 @@ def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs
     return out | dict(rho=float(stats.spearmanr(x, y).statistic), rho_low=float(rl), rho_high=float(rh),
                       slope=float(np.polyfit(x, y, 1)[0]), slope_low=float(sl), slope_high=float(sh))
 
-# %% ../nbs/10h_causal.ipynb #8a0191f2
+# %% ../nbs/10h_causal.ipynb #3e892875
 def factorial_points(points: pd.DataFrame) -> pd.DataFrame:
     "The factorial models' trained points with their cell: `shuffle` (share of rows moved) and `scale` (loudness)."
     p = points[(points['kind'] == 'trained') & points['condition'].isin(FACTORIAL)].copy()
@@ -369,7 +426,7 @@ def detectable(sd: float, per_level: int, df: int, level: float = LEVEL) -> floa
     se = sd * math.sqrt(2 / per_level)
     return detectable_effect(Comparison(0., 0., 0., 1., '', '', float(df), se), level=level)
 
-# %% ../nbs/10h_causal.ipynb #ed0f30f5
+# %% ../nbs/10h_causal.ipynb #0552c11f
 def matched_accuracy(traj: pd.DataFrame, levels: Sequence[float], y: str = 'fs_c10c', acc: str = 'acc_clean') -> pd.DataFrame:
     "Each run's `y` at each clean-accuracy level it passes through (linear in accuracy between its trajectory points)."
     rows = []

@@ -44,10 +44,11 @@ def threads_arg(s: str) -> int | str:
     except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
 
 def alpha_arg(s: str) -> float:
-    "argparse type: a PE scale α, a finite number >= 0."
+    "argparse type: a PE scale α, a number from 0 to `config.ALPHA_MAX`."
+    from pe_anchors.config import ALPHA_MAX
     try: v = float(s)
     except ValueError: raise argparse.ArgumentTypeError(f"α must be a number, got {s!r}") from None
-    if not (v >= 0 and v != float('inf')): raise argparse.ArgumentTypeError(f"α must be a finite number >= 0, got {s}")
+    if not 0 <= v <= ALPHA_MAX: raise argparse.ArgumentTypeError(f"α must be a number in 0..{ALPHA_MAX:g}, got {s}")
     return v
 
 def device_arg(s: str) -> str:
@@ -78,10 +79,11 @@ def _common(p: argparse.ArgumentParser, *, data: bool = True, workers: bool = Fa
     _threads_opt(p, workers)
     p.add_argument('--quiet', action='store_true', help='no progress output')
 
-def _threads_opt(p: argparse.ArgumentParser, workers: bool = False):
-    p.add_argument('--threads', type=threads_arg, default=None, metavar='N',
-                   help="torch threads of each run on the CPU, fixed for its whole life (default 1, or what a resumed run "
-                        "recorded; auto: the cores free at its start): the same numbers however busy the machine is")
+def _threads_opt(p: argparse.ArgumentParser, workers: bool = False, default: str | None = None):
+    p.add_argument('--threads', type=threads_arg, default=default, metavar='N',
+                   help="torch threads of each run on the CPU, fixed for its whole life (default "
+                        f"{default or '1, or what a resumed run recorded'}; auto: the cores free at its start)"
+                        + ('' if default else ": the same numbers however busy the machine is"))
     if workers: p.add_argument('--workers', type=threads_arg, default='auto', metavar='N',
                                help="runs trained at once, each in its own process (default auto: one per core other "
                                     "processes leave free; 1 on a GPU)")
@@ -512,7 +514,7 @@ def _opts_atlas(s):
 def _opts_bench(s):
     s.add_argument('what', choices=['ssdc', 'train', 'shifts', 'gpu'])
     s.add_argument('--device', type=device_arg); s.add_argument('--quick', action='store_true', help='tiny sizes (seconds)')
-    _threads_opt(s)
+    _threads_opt(s, default='auto')                                  # a speed, not a result: the free cores
     s.add_argument('--quiet', action='store_true', help='no hint when the machine is busy')
     s.add_argument('--model', default='pe_vit_small_patch16_224', help='bench train: the model')
     s.add_argument('--compile', action='store_true', help='bench train: torch.compile')
@@ -567,7 +569,10 @@ def main(argv: list[str] | None = None) -> int:
     from pe_anchors.core import NETWORK_ENV
     before, shown = os.environ.get(NETWORK_ENV), warnings.showwarning
     if a.allow_network: os.environ[NETWORK_ENV] = '1'                   # the user's opt-in, for this command only
-    warnings.showwarning = lambda message, *_, **__: print(f"pe_anchors {a.command}: warning: {message}", file=sys.stderr)
+    def show(message, category, filename, *args, **kw):             # this library's warnings: one line each
+        if f"{os.sep}pe_anchors{os.sep}" in filename: print(f"pe_anchors {a.command}: warning: {message}", file=sys.stderr)
+        else: shown(message, category, filename, *args, **kw)
+    warnings.showwarning = show
     try:
         _check_names(a)                                                 # every output path, before anything runs
         if getattr(a, 'cpu_isa', None):

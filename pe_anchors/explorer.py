@@ -11,15 +11,22 @@ import numpy as np
 from torch import nn
 from fastcore.basics import patch
 
-from .core import check_choice
+from .core import CONDITIONS, check_choice, condition_label
 from .anatomy import anatomy
 from .hooks import TokenPermutation
 from .ssdc import ssdc_curve
+from .plots import PAGE_WIDTH, condition_color, legend_below
 
 # %% auto #0
-__all__ = ['Explorer']
+__all__ = ['name_color', 'Explorer']
 
 # %% ../nbs/12_explorer.ipynb #1ccbef26
+def name_color(name: str) -> str:
+    "The colour of the condition a model's name starts with (`'APE (seed 0)'` -> APE's), else `condition_color` of the name."
+    for c in sorted(CONDITIONS, key=lambda c: -len(condition_label(c))):          # the longest label first: RoPE-Mixed before RoPE
+        if name == condition_label(c) or name.startswith(condition_label(c) + ' '): return condition_color(c)
+    return condition_color(name)
+
 class Explorer:
     "Mean token-similarity maps and SSDC curves of several models, normal and under RPI, for interactive browsing."
     modes = ('normal', 'rpi')
@@ -68,20 +75,19 @@ class Explorer:
         h, w = self.grid_size(name)
         if query is None: query = (h // 2, w // 2)
         r, c = query if isinstance(query, tuple) else divmod(int(query), w)
-        fig, (a, b) = plt.subplots(1, 2, figsize=(8.5, 3.4), gridspec_kw=dict(width_ratios=[1, 1.3]))
+        fig, (a, b) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.2), gridspec_kw=dict(width_ratios=[1, 1.3]))
         im = a.imshow(self.similarity_map(name, layer, (r, c), rpi), cmap='viridis')
         a.plot(c, r, marker='x', color='red', ms=9, mew=2)
         a.set_title(f"{name}, layer {layer}{', RPI' if rpi else ''}: similarity to ({r}, {c})", fontsize=9)
         a.set_xticks([]); a.set_yticks([]); fig.colorbar(im, ax=a, fraction=.046)
         for mode, style in (('normal', '-'), ('rpi', '--')):
             v = self.ssdc(name, mode == 'rpi')
-            b.plot(range(len(v)), v, style, marker='o', ms=3, label=f"{name} ({mode})")
+            b.plot(range(len(v)), v, style, marker='o', ms=3, color=name_color(name), label=f"{name} ({mode})")
         b.axvline(layer, color='grey', lw=.8); b.axhline(0, color='k', lw=.5, alpha=.4)
         from matplotlib.ticker import MaxNLocator
         b.xaxis.set_major_locator(MaxNLocator(integer=True))                     # layers are whole numbers
         b.set_xlabel('Layer'); b.set_ylabel('SSDC'); b.set_title('SSDC by depth', fontsize=9)
-        b.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1), frameon=False)   # beside the curves, not on them
-        fig.tight_layout()
+        legend_below(fig, [b], ncol=2)                                            # below the curves, not on them
         return fig
 
 # %% ../nbs/12_explorer.ipynb #a289c3f6

@@ -17,10 +17,10 @@ from .core import PADDING_MODES, check_alpha, check_choice, grid_coords, grid_hw
 
 # %% auto #0
 __all__ = ['ROPE_LAYOUTS', 'ALIBI_SLOPES', 'DINOV3_DRAWS', 'FIXED_TABLES', 'PE_CLASSES', 'PE_NAMES', 'PosEmbed', 'NoPE',
-           'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_table', 'apply_rope', 'swap_quarters', 'rope_to_timm',
-           'axial_frequencies', 'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed', 'RelPosBias2D',
-           'alibi_slopes', 'ALiBi2D', 'PEG', 'dinov3_periods', 'dinov3_augment', 'RoPEDinoV3', 'APERoPE',
-           'shuffle_rows', 'fixed_table', 'FixedTable2D', 'create_pos_embed']
+           'LearnedAPE', 'sincos_2d', 'SinCos2D', 'rope_table', 'rope_partners', 'apply_rope', 'swap_quarters',
+           'rope_to_timm', 'axial_frequencies', 'axial_angles', 'RoPE2D', 'mixed_frequencies', 'RoPEMixed',
+           'RelPosBias2D', 'alibi_slopes', 'ALiBi2D', 'PEG', 'dinov3_periods', 'dinov3_augment', 'RoPEDinoV3',
+           'APERoPE', 'shuffle_rows', 'fixed_table', 'FixedTable2D', 'create_pos_embed']
 
 # %% ../nbs/01_pos_embed.ipynb #a933464a
 class PosEmbed(nn.Module):
@@ -229,15 +229,19 @@ def rope_table(angles: torch.Tensor) -> torch.Tensor: # (..., N, D/2) plane angl
     e = torch.cat([e, e], -1).reshape(*lead, n_tok, 2 * half)               # (..., N, D): each plane's angle twice
     return torch.cat([e.sin(), e.cos()], -1)
 
+def rope_partners(x: torch.Tensor) -> torch.Tensor: # (..., D) -> (..., D), a new tensor
+    "Each channel's partner in its rotation plane: quarters [Q1, Q2, Q3, Q4] -> [Q2, Q1, Q4, Q3] (its backward is the same swap)."
+    return x.unflatten(-1, (2, 2, -1)).roll(1, -2).flatten(-3)                # (..., half, member, n): swap the members
+
 def apply_rope(x: torch.Tensor,     # (..., N, D) queries or keys of the patch tokens
                rope: torch.Tensor,  # (..., N, 2D) from rope_table, broadcastable to the leading dims of x
               ) -> torch.Tensor:    # (..., N, D), a new tensor
-    "Rotate `x` by a [sin | cos] table: `x cos + rot(x) sin`, rot pairing element i of quarter 1 with i of quarter 2, 3 with 4."
-    *lead, n_tok, d = x.shape
+    "Rotate `x` by a [sin | cos] table: `x cos + rot(x) sin`, rot(x) = [-Q2, Q1, -Q4, Q3] pairing quarter 1 with 2, 3 with 4."
     sin, cos = rope.to(x.dtype).chunk(2, -1)
-    u = x.reshape(*lead, n_tok, 2, 2, d // 4)                                 # (..., N, half, member, n)
-    rot = torch.stack([-u[..., 1, :], u[..., 0, :]], dim=-2).reshape(*lead, n_tok, d)
-    return x * cos + rot * sin
+    s = sin.unflatten(-1, (2, 2, -1))                                          # rot's signs move onto the table:
+    sin = torch.cat([-s[..., :1, :], s[..., 1:, :]], -2).flatten(-3)          # rot(x) sin = partners(x) [-S1, S2, -S3, S4]
+    x = x.contiguous()                       # q and k arrive as strided views of the fused qkv: one copy, then dense ops
+    return x * cos + rope_partners(x) * sin
 
 def swap_quarters(x: torch.Tensor) -> torch.Tensor: # (..., D) -> (..., D)
     "Swap the second and third quarters of the last dim: our RoPE channel order <-> timm's rotate-half order (self-inverse)."

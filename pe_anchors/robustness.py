@@ -252,7 +252,7 @@ def from_blocks(blocks: torch.Tensor, grid) -> torch.Tensor: # (B, gh*gw, C, bh,
 class BlockShuffle(Shift):
     "Random permutation of the `grid` x `grid` blocks of every image (one permutation per image, seeded)."
     kind = 'shuffle'
-    def __init__(self, grid: int | Sequence[int] = 4, seed: int = 0, severity=None):
+    def __init__(self, grid: int | Sequence[int] = 4, seed: int = 0, severity: int | str | None = None):
         super().__init__(severity)
         self.grid, self.seed = grid_hw(grid), _check_seed(seed)
     @property
@@ -293,7 +293,7 @@ class PatchMask(Shift):
     kind = 'mask'
     def __init__(self, ratio: float = .5, grid: int | Sequence[int] = 14,
                  fill: Sequence[float] = IMAGENET_MEAN,   # per-channel mean colour in [0, 1]
-                 seed: int = 0, severity=None):
+                 seed: int = 0, severity: int | str | None = None):
         super().__init__(severity)
         if not isinstance(ratio, (int, float, np.number)) or not 0 <= ratio <= 1:
             raise ValueError(f"mask ratio must be a fraction in [0, 1], got {ratio!r}")
@@ -371,7 +371,7 @@ def structure_shifts(kind: str,                            # 'shuffle' or 'mask'
 def make_normalize(normalize: tuple | Callable | None = None, # (mean, std) in [0, 1] units, a callable, or None
                    model: nn.Module | None = None,            # read mean/std from its timm pretrained_cfg when None
                   ) -> Callable[[torch.Tensor], torch.Tensor]:
-    "A function uint8 `(B, C, H, W)` → normalised float32, on the input's device (`data.Normalize` for a (mean, std) pair)."
+    "A function uint8 `(B, C, H, W)` → normalised float32, on the input's device (`Normalize` for a (mean, std) pair)."
     if callable(normalize): return normalize
     if normalize is None:
         cfg = getattr(model, 'pretrained_cfg', None) or {}
@@ -612,7 +612,8 @@ def show_shifts(images: torch.Tensor,        # uint8 (n, C, H, W)
     fig, axes = plt.subplots(len(rows), len(images), figsize=(1.1 * len(images) + 1, 1.1 * len(rows)), squeeze=False)
     for (name, x), ax_row in zip(rows, axes):
         for img, a in zip(x, ax_row):
-            a.imshow(img.permute(1, 2, 0).squeeze(-1).cpu().numpy(), cmap='gray' if img.shape[0] == 1 else None)
+            a.imshow(img.permute(1, 2, 0).squeeze(-1).cpu().numpy(), cmap='gray' if img.shape[0] == 1 else None,
+                     interpolation='nearest')                               # the pixels as they are, unsmoothed
             a.set_xticks([]); a.set_yticks([])
         ax_row[0].set_ylabel(name, rotation=0, ha='right', va='center', fontsize=8)
     fig.subplots_adjust(wspace=.05, hspace=.05)

@@ -417,9 +417,11 @@ def staging(dest: str | Path, kind: str = 'tmp') -> Path:
     dest = Path(dest)
     return dest.with_name(f".{dest.name}.{kind}-{uuid.uuid4().hex[:8]}")
 
+_STAGED = re.compile(r'^\..+\.(tmp|old)-[0-9a-f]{8}$')          # `staging`'s names
+
 def _nobodys(name: str) -> bool:
-    "A top-level name no writer owns: the manifest, a lock, a killed writer's leftover."
-    return name in (MANIFEST, LOCK) or bool(LEFTOVERS.match(name))
+    "A top-level name no writer owns: the manifest, a lock, a killed writer's leftover or staging copy."
+    return name in (MANIFEST, LOCK) or bool(LEFTOVERS.match(name) or _STAGED.match(name))
 
 def _top(files: Iterable[str]) -> set[str]: return {f.split('/', 1)[0] for f in files}
 

@@ -51,9 +51,9 @@ def test_runs_of_another_experiment_or_outside_its_grid_are_refused(tmp_path):
 
 def test_a_run_from_another_experiment_is_refused(small, tmp_path):
     exp = preset('digits', conditions=['ape'], train_kwargs=dict(epochs=1, bs=64))
-    train('ape', small, run_dir=tmp_path / 'ape-s1' / 'train', epochs=1, bs=64, lr=5e-3, show_progress=False)   # other lr
-    with pytest.raises(ValueError, match=r"trained with another setting \(differs in .*recipe\.lr"):
-        check_run(exp, tmp_path / 'ape-s1')
+    train('ape', small, run_dir=tmp_path / 'ape-s0' / 'train', epochs=1, bs=64, lr=5e-3, show_progress=False)   # other lr
+    with pytest.raises(ValueError, match=r"trained with another setting than this experiment \(differs in .*recipe\.lr"):
+        check_run(exp, tmp_path / 'ape-s0')
 
 
 def test_gather_refuses_torn_duplicated_and_foreign_runs(tmp_path):

@@ -248,7 +248,7 @@ def test_a_torn_run_config_is_named(tmp_path, capsys):
 def test_an_alpha_that_overflows_the_model_is_named(tmp_path, capsys, ckpt):
     rc, err = cli(capsys, 'analyze', ckpt, '--ssdc-images', '16', '--n-perms', '1', '--alphas', '1', '1e300',
                   '--device', 'cpu', '--out', tmp_path, '--quiet')
-    assert rc == 2 and 'α = 1e+300' in err, err
+    assert rc == 2 and 'α must be a number in 0..1000, got 1e300' in err, err            # refused before anything runs
     rc, err = cli(capsys, 'analyze', ckpt, '--alphas', 'inf', '--out', tmp_path)
     assert rc == 2 and 'α' in err, err
 

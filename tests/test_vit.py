@@ -7,7 +7,9 @@ import torch
 import timm
 
 import pe_anchors  # noqa: F401
-from pe_anchors.pos_embed import PE_NAMES
+import pe_anchors.vit
+from pe_anchors.core import CONDITIONS
+from pe_anchors.pos_embed import PE_CLASSES, PE_NAMES
 from pe_anchors.vit import PEViT, MODEL_CONFIGS
 from pe_anchors.hooks import TokenRecorder
 from pe_anchors.hub import save_checkpoint, load_checkpoint
@@ -81,6 +83,45 @@ def test_block_rotation_equals_written_out_formula(pe):
         rq, rk, _ = attn.rotated_qkv(h, m.pos_embed.rope(2))
     torch.testing.assert_close(rq, qf, atol=1e-5, rtol=1e-5); torch.testing.assert_close(rk, kf, atol=1e-5, rtol=1e-5)
     assert (qf - q).abs().max() > .1 and torch.equal(rq[..., 0, :], q[..., 0, :])
+
+
+def _rotation_by_the_formula(x, rope):
+    "x cos + rot(x) sin with rot(x) = [-Q2, Q1, -Q4, Q3] built by negating and stacking the quarters of x as it comes."
+    *lead, n_tok, d = x.shape
+    sin, cos = rope.to(x.dtype).chunk(2, -1)
+    u = x.reshape(*lead, n_tok, 2, 2, d // 4)                                # (..., N, half, member, n)
+    return x * cos + torch.stack([-u[..., 1, :], u[..., 0, :]], dim=-2).reshape(*lead, n_tok, d) * sin
+
+
+_ROTARY = {f"{pe}{' ' + str(kw) if kw else ''}": (pe, kw) for pe, kw in       # every rotary PE and condition, once
+           [(pe, {}) for pe in PE_NAMES] + [(s['pe'], s.get('model_kwargs', {})) for s in CONDITIONS.values()]
+           if PE_CLASSES[pe].rotary}
+
+
+@pytest.mark.parametrize('model', ['pe_vit_nano_patch4_32', 'pe_vit_tiny_patch4_32'])    # head_dim 16 and 48
+@pytest.mark.parametrize('pe, kw', _ROTARY.values(), ids=_ROTARY.keys())
+def test_rotary_training_pass_is_the_formula_bit_for_bit(pe, kw, model, monkeypatch):
+    "A training-mode forward and backward pass gives the same bits, logits and every gradient, as with the rotation computed by the formula (1 thread)."
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    def run():
+        torch.manual_seed(0)
+        m = timm.create_model(model, pe=pe, **kw).train()
+        with torch.no_grad():                                                # weights away from their init (zero biases)
+            for p in m.parameters(): p.add_(torch.randn(p.shape) * .05)
+        x = torch.randn(4, 3, 32, 32, requires_grad=True)
+        torch.manual_seed(1)                                                 # drop-path and DINOv3's coordinate draws
+        y = m(x)
+        (y * torch.randn(y.shape)).sum().backward()
+        return [y, x.grad] + [p.grad for p in m.parameters()]
+    try:
+        ours = run()
+        monkeypatch.setattr(pe_anchors.vit, 'apply_rope', _rotation_by_the_formula)
+        ref = run()
+    finally: torch.set_num_threads(threads)
+    assert len(ours) == len(ref) and all(g is not None for g in ours[2:])
+    bits = lambda t: t.contiguous().view(torch.int32)
+    for a, b in zip(ours, ref): assert torch.equal(bits(a), bits(b))
 
 
 @pytest.mark.parametrize('pe, pe_kwargs, per_block', [('rope', {}, False), ('ape_rope', {}, False), ('rope_dinov3', {}, False),

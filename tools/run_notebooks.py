@@ -4,7 +4,8 @@ Cells flagged `#| cuda` run only where a GPU is present; `#| slow` cells run (th
 unless `--no-slow` is given (for pages whose slow cells only repeat a run for the reader, as `20_reproduce`).
 Each notebook runs in its own folder (as Jupyter and `nbdev_test` run it), so relative paths such as
 `results/cifar10-cpu/results.csv` resolve the same way. Warnings that name machine paths (timm's torch.jit deprecation, timm's registry notice on re-registering) are filtered,
-so no saved output carries them. A cell ending in `;` keeps its printed text, as in Jupyter (execnb alone drops it), and a cell that now prints nothing
+so no saved output carries them. Figures are saved as PNG at 100 dpi (a `PAGE_WIDTH` figure, 8 in, is 800 px: Quarto's page
+column), without matplotlib's version stamp, so a re-run that changes no number leaves the page byte-identical. A cell ending in `;` keeps its printed text, as in Jupyter (execnb alone drops it), and a cell that now prints nothing
 loses the outputs of its last run (execnb alone keeps them).
 
 **What a page was computed from.** While a page runs, every file it opens under `nbs/results/` (the committed tables,
@@ -29,6 +30,9 @@ os.environ['PYTHONWARNINGS'] = 'ignore::FutureWarning,ignore::DeprecationWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / 'nbs' / 'results'
+# Figures as the pages show them: PNG at 100 dpi, no 'Software' text chunk (execnb's default, 'retina', draws at twice the dpi)
+FIGURES = ("set_matplotlib_formats('png', metadata={'Software': None}); "
+           "import matplotlib; matplotlib.rcParams['figure.dpi'] = 100")
 KEY = 'pe_anchors'                  # the notebook metadata key of the record (settings.ini: allowed_metadata_keys)
 
 def _keep_stdout_of_quiet_cells(CaptureShell):
@@ -142,7 +146,8 @@ def main(paths, slow=True, section=None, results: Path = RESULTS):
         if section: chosen = _in_section(nb.cells, section)
         exp = re.search(r'^#\|\s*default_exp\s+(\S+)', '\n'.join(c.source for c in nb.cells), re.M) if section else None
         os.chdir(p.parent)
-        sh = CaptureShell(path=p.parent)
+        sh = CaptureShell(path=p.parent, mpl_format='png')
+        sh.run(FIGURES)
         sh.run('import warnings; warnings.filterwarnings("ignore", category=FutureWarning); '
                'warnings.filterwarnings("ignore", category=DeprecationWarning); '
                'warnings.filterwarnings("ignore", message="Overwriting .* in registry")')

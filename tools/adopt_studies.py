@@ -1,0 +1,21 @@
+"""Bring the committed study tables written before the study layer into it (run once, 2026-12): every CIFAR-10 results
+folder's `cifar10c.csv` and `resolution.csv`, and the mechanistic tables of `cifar10-cpu/mech`, split into per-run
+folders with records (`study.adopt_tables`). The mechanistic RoPE and SAE rows of seeds other than 0 were measured with
+permutation seed 0 rather than the experiment's rule (1000 × seed): they are not adopted, and are measured again.
+
+    python tools/adopt_studies.py
+"""
+from pathlib import Path
+from pe_anchors.study import adopt_tables
+from pe_anchors.shift_study import corruption_declaration, resolution_declaration
+from pe_anchors.mech.study import probes_declaration, rope_declaration, sae_declaration
+
+R = Path(__file__).resolve().parents[1] / 'nbs' / 'results'
+for e in sorted(p.parent for p in R.glob('*/cifar10c.csv')):
+    for st in (corruption_declaration(), resolution_declaration()):
+        t = adopt_tables(st, e)[st.name]
+        print(f"{e.name}/{st.name}: {t[['condition', 'seed']].drop_duplicates().shape[0]} runs, {len(t)} rows")
+mech = R / 'cifar10-cpu' / 'mech'
+for st, keep in ((probes_declaration(), None), (rope_declaration(), lambda c, s: s == 0), (sae_declaration(), lambda c, s: s == 0)):
+    t = adopt_tables(st, R / 'cifar10-cpu', mech, keep=keep)
+    print(f"cifar10-cpu/mech/{st.name}: " + ', '.join(f"{k} {len(v)} rows" for k, v in t.items()))
