@@ -12,20 +12,23 @@ import numpy as np
 import torch
 from torch import nn
 import timm
+from timm.models.eva import Eva
+from timm.models.vision_transformer import VisionTransformer
 from fastai.callback.core import Callback, CancelFitException
 from fastai.torch_core import set_seed
 
 import pandas as pd
-from .core import default_device, grid_hw, hardware_info, sync
+from .core import check_choice, default_device, grid_hw, hardware_info, sync
 from .anatomy import anatomy
 from .pos_embed import PE_NAMES, sincos_2d
+from .vit import MODEL_CONFIGS
 from .ssdc import SSDCAccumulator, grid_distance, spearman, upper_pairs
 from .data import ImageData, ImageSplit
 from .learner import Recipe, SoftTargetCE, get_recipe, pe_learner, wd_param_groups
 from .robustness import BlockShuffle, JPEG, PatchMask, make_shift, check_images, jpeg_pil, smooth_images
 
 # %% auto #0
-__all__ = ['bench_ssdc', 'bench_train', 'bench_shifts', 'gpu_check']
+__all__ = ['bench_ssdc', 'timm_twins', 'bench_vs_timm', 'bench_train', 'bench_shifts', 'gpu_check']
 
 # %% ../nbs/14_bench.ipynb #a8aa57d8
 def _peak_rss_mb() -> float | None:
@@ -151,25 +154,30 @@ def _synthetic(img_size: int, n: int, num_classes: int, device) -> ImageData:
     return ImageData('synthetic', [str(i) for i in range(num_classes)], img_size, (0.5,) * 3, (0.25,) * 3,
                      split, ImageSplit(y[:8], images=x[:8]), 'none', spec=dict(builder='synthetic'))
 
-def _plain_loop(model: nn.Module, data: ImageData, bs: int, steps: int, warmup: int, r: Recipe, device) -> float:
-    "Images/s of a hand-written training loop over the in-memory batches (the baseline)."
+def _train_step(model: nn.Module, data: ImageData, r: Recipe, device) -> Callable:
+    "`step(x, y)`: one hand-written training step of `model` on a uint8 batch (normalise, forward, loss, backward, AdamW)."
     cuda = device.type == 'cuda'
     model.to(device).train()
     groups = wd_param_groups(model)
     opt = torch.optim.AdamW([dict(params=g, weight_decay=w) for g, w in zip(groups, [r.wd, 0.])], lr=r.lr,
                             betas=tuple(r.betas), eps=r.eps, fused=cuda if r.fused is None else r.fused)
     loss_fn = SoftTargetCE(r.label_smoothing)
-    x_all, y_all = data.train.images.to(device), data.train.labels.to(device)
-    for i in range(warmup + steps):
-        if i == warmup:
-            if cuda: torch.cuda.synchronize(device)
-            t = time.perf_counter()
-        x = data.normalize(x_all[i * bs:(i + 1) * bs])
+    def step(x: torch.Tensor, y: torch.Tensor):
+        x = data.normalize(x)
         if r.channels_last and cuda: x = x.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=r.bf16 and cuda):
-            loss = loss_fn(model(x), y_all[i * bs:(i + 1) * bs])
+            loss = loss_fn(model(x), y)
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-    if cuda: torch.cuda.synchronize(device)
+    return step
+
+def _plain_loop(model: nn.Module, data: ImageData, bs: int, steps: int, warmup: int, r: Recipe, device) -> float:
+    "Images/s of a hand-written training loop over the in-memory batches (the baseline)."
+    step = _train_step(model, data, r, device)
+    x_all, y_all = data.train.images.to(device), data.train.labels.to(device)
+    for i in range(warmup + steps):
+        if i == warmup: sync(device); t = time.perf_counter()
+        step(x_all[i * bs:(i + 1) * bs], y_all[i * bs:(i + 1) * bs])
+    sync(device)
     return steps * bs / (time.perf_counter() - t)
 
 class _Timer(Callback):
@@ -187,6 +195,92 @@ class _Timer(Callback):
         self.img_s = self.n / (time.perf_counter() - self.t)
         raise CancelFitException()                               # skip validation: only training is timed
 
+# %% ../nbs/14_bench.ipynb #04597219
+def timm_twins(model: str = 'pe_vit_nano_patch4_32', # a PEViT config, a key of `MODEL_CONFIGS`
+               model_kwargs: dict | None = None,      # its overrides, as `create_pe_vit` takes them
+               num_classes: int = 10,
+              ) -> dict[str, nn.Module]:              # {'vit': VisionTransformer, 'eva': Eva}
+    "timm's own models of a PEViT's size: `VisionTransformer` with a learned APE (pe='ape') and `Eva` with axial RoPE, no APE (pe='rope')."
+    cfg = {**MODEL_CONFIGS[check_choice('model', model, MODEL_CONFIGS)], **(model_kwargs or {})}
+    if cfg.get('qkv_proj', 'linear') != 'linear':
+        raise ValueError(f"timm's ViT and Eva project q, k and v linearly: no twin for qkv_proj={cfg['qkv_proj']!r}")
+    drop = cfg.get('drop_rate', 0.)                                       # PEViT: the default of the three rates below
+    kw = dict(img_size=cfg['img_size'], patch_size=cfg['patch_size'], embed_dim=cfg['embed_dim'], depth=cfg['depth'],
+              num_heads=cfg['num_heads'], mlp_ratio=cfg.get('mlp_ratio', 4.), qkv_bias=cfg.get('qkv_bias', True),
+              num_classes=num_classes, global_pool=cfg.get('global_pool', 'token'), class_token=True,
+              drop_path_rate=cfg.get('drop_path_rate', 0.),
+              **{k: drop if cfg.get(k) is None else cfg[k] for k in ('pos_drop_rate', 'attn_drop_rate', 'proj_drop_rate')})
+    final = cfg.get('final_norm', False)
+    return dict(vit=VisionTransformer(**kw, final_norm=final),
+                eva=Eva(**kw, attn_type='rope', use_abs_pos_emb=False, use_rot_pos_emb=True, use_post_transformer_norm=final))
+
+def bench_vs_timm(model: str = 'pe_vit_nano_patch4_32',
+                  bs: int = 128,
+                  rounds: int = 5,                   # each times one step of every model, in turn
+                  warmup: int = 2,                   # untimed steps of each model first
+                  compile: bool = False,
+                  device: str | torch.device | None = None,
+                  model_kwargs: dict | None = None,
+                  num_threads: int | None = None,    # torch CPU threads for the run (default: as set)
+                  verbose: bool = True,
+                 ) -> dict:
+    "One training step of our APE and RoPE models against timm's ViT and Eva of their size, interleaved; the best round of each, ratios ours / timm."
+    device = default_device(device)
+    old_threads = torch.get_num_threads()
+    if num_threads is not None: torch.set_num_threads(num_threads)
+    try: res = _bench_vs_timm(model, bs, rounds, warmup, compile, device, model_kwargs)
+    finally: torch.set_num_threads(old_threads)
+    if verbose: _print_vs_timm(res)
+    return res
+
+def _speed_ratios(t: dict) -> dict:
+    "Speed ratios from step times (above 1: the first named is faster)."
+    return dict(ape_vs_vit=t['vit'] / t['ape'], rope_vs_eva=t['eva'] / t['rope'], rope_vs_ape=t['ape'] / t['rope'],
+                eva_vs_vit=t['vit'] / t['eva'])
+
+def _bench_vs_timm(model, bs, rounds, warmup, compile, device, model_kwargs) -> dict:
+    load_before, hw = os.getloadavg()[0], hardware_info(device)
+    set_seed(0)
+    ours = {pe: timm.create_model(model, pe=pe, num_classes=10, **(model_kwargs or {})) for pe in ('ape', 'rope')}
+    twins = timm_twins(model, model_kwargs)
+    nets = dict(ape=ours['ape'], vit=twins['vit'], rope=ours['rope'], eva=twins['eva'])   # the order of each round
+    data = _synthetic(anatomy(ours['ape']).img_size[0], bs, 10, device)
+    r = get_recipe('fast', bs=bs, compile=compile, aug='none', label_smoothing=0.1)
+    x, y = data.train.images.to(device), data.train.labels.to(device)
+    steps = {}
+    for k, m in nets.items():
+        if compile: m.compile()
+        steps[k] = _train_step(m, data, r, device)
+        for _ in range(warmup): steps[k](x, y)
+    wall, cpu = {k: math.inf for k in nets}, {k: math.inf for k in nets}
+    for _ in range(rounds):
+        for k, step in steps.items():
+            sync(device); t, c = time.perf_counter(), time.process_time()
+            step(x, y); sync(device)
+            wall[k], cpu[k] = min(wall[k], time.perf_counter() - t), min(cpu[k], time.process_time() - c)
+    on_cpu = device.type == 'cpu'                                          # a GPU's work is not this process's CPU time
+    ms = lambda d: {k: 1e3 * v for k, v in d.items()}
+    return dict(hardware=hw, device=str(device), model=model, bs=bs, rounds=rounds, warmup=warmup, compile=compile,
+                threads=torch.get_num_threads(), load_avg_1min=(load_before, os.getloadavg()[0]),
+                ms=ms(wall), **_speed_ratios(wall), cpu_ms=ms(cpu) if on_cpu else None,
+                cpu=_speed_ratios(cpu) if on_cpu else None)
+
+def _print_vs_timm(r: dict):
+    la, c = r['load_avg_1min'], r['cpu']
+    names = dict(ape="ours, pe='ape'", vit='timm VisionTransformer', rope="ours, pe='rope'", eva='timm Eva, axial RoPE')
+    lines = [f"ours vs timm: one training step of {r['model']} and timm's models of its size, bs {r['bs']}, "
+             f"{'fp32' if c else 'bf16'}, compile={r['compile']}; best of {r['rounds']} rounds, the four models in turn",
+             r['hardware'], f"1-min load average {la[0]:.1f} -> {la[1]:.1f}" + (
+                 ' (above the core count: other processes share the cores; wall times inflate more than CPU times)'
+                 if max(la) > (os.cpu_count() or 1) else ''),
+             f"  {'':24s} {'wall ms':>9s}" + (f" {'cpu ms':>9s}" if c else '')]
+    lines += [f"  {names[k]:24s} {r['ms'][k]:9.1f}" + (f" {r['cpu_ms'][k]:9.1f}" if c else '') for k in names]
+    for key, label in (('ape_vs_vit', 'APE / ViT'), ('rope_vs_eva', 'RoPE / Eva')):
+        lines.append(f"  speed {label:11s} {r[key]:.3f}" + (f"   (cpu time {c[key]:.3f})" if c else ''))
+    lines.append(f"  RoPE's cost over APE: ours {1 / r['rope_vs_ape'] - 1:+.1%}, timm's Eva over its ViT "
+                 f"{1 / r['eva_vs_vit'] - 1:+.1%} (wall)")
+    print('\n'.join(lines))
+
 # %% ../nbs/14_bench.ipynb #f6e107bc
 def bench_train(model: str = 'pe_vit_nano_patch1_8',
                 bs: int = 64,
@@ -198,9 +292,11 @@ def bench_train(model: str = 'pe_vit_nano_patch1_8',
                 model_kwargs: dict | None = None,
                 baseline: str | None = None,    # a timm model timed with the same plain loop (e.g. 'vit_small_patch16_224')
                 baseline_kwargs: dict | None = None,
+                vs_timm: bool = True,           # end with `bench_vs_timm`: APE vs timm's ViT, RoPE vs its Eva, same size
+                rounds: int = 5,                # its interleaved rounds
                 verbose: bool = True,
                ):
-    "Training img/s: plain PyTorch loop vs the pe_anchors Learner (same model, batch, dtype, data), RPT on/off, per PE."
+    "Training img/s: plain PyTorch loop vs the pe_anchors Learner (same model, batch, dtype, data), RPT on/off, per PE; then ours vs timm."
     device = default_device(device)
     img = anatomy(timm.create_model(model, **(model_kwargs or {}))).img_size[0]
     data = _synthetic(img, bs * (steps + warmup), 10, device)
@@ -243,6 +339,8 @@ def bench_train(model: str = 'pe_vit_nano_patch1_8',
         print(f"learner / plain: {ape / plain:.3f}   RPT overhead: {1 - rpt / ape:+.1%}"
               + (f"   ours (plain loop) / timm {baseline}: {plain / df.img_s[1]:.3f}" if baseline else ''))
         print(df.to_string(index=False))
+    if vs_timm: df.attrs['vs_timm'] = bench_vs_timm(model, bs, rounds, device=device, model_kwargs=model_kwargs,
+                                                    compile=compile, verbose=verbose)
     return df
 
 # %% ../nbs/14_bench.ipynb #65209df4
@@ -348,7 +446,7 @@ def gpu_check(out: str | Path = 'gpu_check',     # output folder (created)
             name = f"bench_train_{'compiled' if comp else 'eager'}"
             def bench(model=model, base=base, base_kw=base_kw, kw=kw, comp=comp, name=name):
                 df = bench_train(model, pes=('ape', 'rope'), compile=comp, device=device, baseline=base,
-                                 baseline_kwargs=base_kw, **kw)
+                                 baseline_kwargs=base_kw, vs_timm=False, **kw)
                 df.to_csv(out / f'{name}.csv', index=False)
                 return df.to_dict(orient='records')
             _step(summary, name, bench)

@@ -447,7 +447,7 @@ def written(dest: str | Path, kind: str = 'run', mine: Iterable[str] = ()) -> se
         m = read_json(dest / MANIFEST)
         return set(m.get('files', [])) & have if m.get('kind') == kind else None
     if not have: return set()
-    return have if {t.rstrip('/') for t in _top(have)} <= set(mine) else None
+    return have if _top(have) <= set(mine) else None
 
 def check_writable(dest: str | Path, kind: str = 'run', mine: Iterable[str] = ()) -> set[str]:
     "The files of `dest` a writer of `kind` may replace (`written`); a one-line error when `dest` is a file or holds anything else."
@@ -474,12 +474,13 @@ def swap_in(tmp: str | Path, dest: str | Path, kind: str = 'run', mine: Iterable
     the old one or the new one); else file by file, and everything else is left as it is."""
     tmp, dest = Path(tmp), Path(dest)
     new = folder_files(tmp)
-    old = check_writable(dest, kind, set(mine) | {t.rstrip('/') for t in _top(new)})
+    old = check_writable(dest, kind, set(mine) | _top(new))
     other = folder_files(dest) - old
     if other & new: raise ValueError(f"{dest / sorted(other & new)[0]} is not the {kind}'s: move it away (nothing was changed)")
     write_atomic(tmp / MANIFEST, json.dumps(dict(kind=kind, files=sorted(new)), indent=1))
     if not dest.exists(): os.replace(tmp, dest); return
-    if not (dest.is_symlink() or os.path.ismount(dest)) and set(os.listdir(dest)) <= {MANIFEST} | {t.rstrip('/') for t in _top(old)}:
+    whole = not (dest.is_symlink() or os.path.ismount(dest) or Path.cwd().resolve().is_relative_to(dest.resolve()))
+    if whole and set(os.listdir(dest)) <= {MANIFEST} | _top(old):   # (never the folder a shell may stand in)
         gone = staging(dest, 'old')                                    # only the writer's own files: swapped whole
         os.replace(dest, gone); os.replace(tmp, dest); shutil.rmtree(gone, ignore_errors=True); return
     write_atomic(dest / MANIFEST, json.dumps(dict(kind=kind, files=sorted(old | new)), indent=1))   # a kill now: all listed

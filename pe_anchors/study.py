@@ -123,6 +123,9 @@ def _write_run(sd: StudyDir, run: StudyRun, tables: dict, record: dict):
     write_atomic(tmp / 'record.json', json.dumps(record, indent=2) + '\n')
     swap_in(tmp, dest)
 
+
+
+# %% ../nbs/09e_study.ipynb #a9ba878c
 def gather_study(study: Study, out: str | Path) -> dict[str, pd.DataFrame]:
     "Every measured run's tables gathered (runs in the conditions' order, then by seed), each table's `finish` applied, written."
     sd = StudyDir(out, study.name)
@@ -137,6 +140,9 @@ def gather_study(study: Study, out: str | Path) -> dict[str, pd.DataFrame]:
         write_results(df, sd.table(n)); tables[n] = df
     return tables
 
+
+
+# %% ../nbs/09e_study.ipynb #5879b27e
 def run_study(study: Study,
               path: str | Path,                        # an experiment directory or a results folder with kept models
               out: str | Path | None = None,           # where the tables go (default: `path`)
@@ -193,7 +199,7 @@ def run_study(study: Study,
     out_tables = {n: keep(df) for n, df in gathered.items()}
     return out_tables if study.tables else out_tables.get(names[0], pd.DataFrame())
 
-# %% ../nbs/09e_study.ipynb #c5944c45
+# %% ../nbs/09e_study.ipynb #4500ad0e
 def _signal_ratio(r: StudyRun) -> pd.DataFrame:
     from pe_anchors.learner import get_recipe
     from pe_anchors.results import main_rows, read_results, ssdc_metric
@@ -216,7 +222,7 @@ def signal_ratio_study() -> Study:
     return Study('signal_ratio', _signal_ratio, settings=dict(images='the experiment SSDC sample'),
                  description='position signal / content at block 0 (before and after LN1), trained and untrained')
 
-# %% ../nbs/09e_study.ipynb #92851acf
+# %% ../nbs/09e_study.ipynb #756f4ab2
 def _padding(paddings: Sequence[str]):
     def measure(r: StudyRun) -> pd.DataFrame:
         from pe_anchors.interventions import peg_padding, ssdc_trajectories
@@ -245,7 +251,7 @@ def padding_study(paddings: Sequence[str] = ('zeros', 'circular')) -> Study:
                  applies=lambda c: c in CONDITIONS and CONDITIONS[c]['pe'] == 'peg',
                  description="a PEG's convolution padded otherwise at inference")
 
-# %% ../nbs/09e_study.ipynb #c68b03f7
+# %% ../nbs/09e_study.ipynb #1d46fb6d
 def corrupted_sets(ctx: StudyContext, n_images: int, names: Sequence[str], severities: Sequence[int], seed: int,
                    cache_dir: str | Path | None = None) -> dict:
     ("The CIFAR-10-C sets of a study, built once per call and shared by its runs: every corruption × severity of a "
@@ -268,6 +274,9 @@ def _trajectory_sets(ctx: StudyContext, n_images: int, names, seed: int) -> dict
     return dict(corrupted_sets(ctx, n_images, names, (1, 2, 3, 4, 5), seed),
                 paper=[make_shift(k, 'paper', img_size=ctx.ev.data.img_size, ref_size=ctx.exp.shift_ref_size) for k in ('jpeg', 'blur')])
 
+
+
+# %% ../nbs/09e_study.ipynb #facfa017
 def _point(r: StudyRun, model: nn.Module, epoch: int, sets: dict) -> dict:
     from pe_anchors.interventions import position_signal_ratio, ssdc_trajectories
     from pe_anchors.results import peak_rpi
@@ -289,6 +298,9 @@ def _point(r: StudyRun, model: nn.Module, epoch: int, sets: dict) -> dict:
                **position_signal_ratio(model, r.ev.ssdc_batches))
     return row
 
+
+
+# %% ../nbs/09e_study.ipynb #f0000775
 def _trajectory(n_images: int, names, seed: int):
     def measure(r: StudyRun) -> pd.DataFrame:
         from pe_anchors.kept import load_trained
@@ -320,7 +332,7 @@ def trajectory_study(n_images: int = 500,            # the class-stratified subs
 
 STUDIES = {'signal_ratio': signal_ratio_study, 'padding': padding_study, 'trajectory': trajectory_study}
 
-# %% ../nbs/09e_study.ipynb #6ca30f9b
+# %% ../nbs/09e_study.ipynb #d449aff0
 def adopt_tables(study: Study, path: str | Path, out: str | Path | None = None,
                  keep: Callable[[str, int], bool] | None = None,   # the runs whose rows are adopted (default: all)
                 ) -> dict[str, pd.DataFrame]:

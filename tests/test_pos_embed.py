@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 import pe_anchors  # noqa: F401
 from pe_anchors.pos_embed import (PE_NAMES, SinCos2D, RoPE2D, RoPEMixed, LearnedAPE, NoPE, create_pos_embed,
-                                  apply_rope, ALiBi2D, RoPEDinoV3, alibi_slopes, rope_to_timm, swap_quarters)
+                                  apply_rope, ALiBi2D, RoPEDinoV3, alibi_slopes, rope_partners, rope_to_timm,
+                                  swap_quarters)
 from pe_anchors.vit import PEViT
 
 from conftest import small_vit
@@ -202,6 +203,32 @@ def test_rope_reference_grid_on_resolution_change(pe):
     late = small_vit(pe); late.pos_embed.ref_grid_size = late.pos_embed.grid_size             # a trained model, resized EVA's way
     late.set_input_size(32)
     torch.testing.assert_close(late.pos_embed.base_angles()[0], want(16, 8 / 16))
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize('head_dim, per_head', [(4, False), (16, True), (24, False), (48, True)])
+def test_apply_rope_is_the_formula_bit_for_bit(dtype, head_dim, per_head):
+    """apply_rope: the same floats as x cos + rot(x) sin with rot(x) = [-Q2, Q1, -Q4, Q3] by negating and stacking,
+    values and the gradients of x and of the table, on the strided q view the attention passes (a per-head table too)."""
+    torch.manual_seed(0)
+    H, N = 3, 10
+    qkv = torch.randn(2, 1 + N, 3, H, head_dim, dtype=dtype).permute(2, 0, 3, 1, 4)   # (3, B, H, 1+N, D) as Attention
+    x = qkv[0][..., 1:, :].requires_grad_()                                            # patch tokens of q: strided
+    rope = torch.randn(H if per_head else 1, N, 2 * head_dim, requires_grad=True)      # any [sin | cos] values
+    g = torch.randn(2, H, N, head_dim, dtype=dtype)
+    def formula(x, rope):
+        sin, cos = rope.to(x.dtype).chunk(2, -1)
+        u = x.unflatten(-1, (2, 2, -1))
+        return x * cos + torch.stack([-u[..., 1, :], u[..., 0, :]], -2).flatten(-3) * sin
+    outs = []
+    for f in (apply_rope, formula):
+        x.grad = rope.grad = None
+        y = f(x, rope); (y * g).sum().backward()
+        outs.append([y, x.grad, rope.grad])
+    for a, b in zip(*outs):
+        assert a.dtype == b.dtype and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    q = torch.arange(4 * 5.).reshape(4, 5)[..., :4]                                    # a strided view
+    assert torch.equal(rope_partners(q), q[:, [1, 0, 3, 2]])                           # quarters of 1: [Q2, Q1, Q4, Q3]
 
 
 @pytest.mark.parametrize('kind', ['rope', 'rope_mixed', 'rope_dinov3'])

@@ -12,7 +12,7 @@ LIMIT = 2_000_000                                        # bytes
 KEPT_MODEL = 'nbs/results/*/runs/*/model/model.safetensors'
 
 
-def _mb(n: int) -> str: return f"{n / 1e6:.1f} MB"
+def _mb(n: int) -> str: return f"{n / 1e6:.2f} MB"
 
 
 def _repository_files() -> list[str]:
@@ -64,8 +64,8 @@ def test_the_budget_check_flags_large_files_and_spares_kept_models(tmp_path):
              'nbs/results/e/runs/ape-s0/train/model.safetensors': LIMIT + 1, 'small.txt': LIMIT}
     for f, n in files.items():
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True); (tmp_path / f).write_bytes(b'x' * n)
-    assert over_budget(tmp_path, sorted(files)) == ['  nbs/big.ipynb: 2.0 MB',
-                                                    '  nbs/results/e/runs/ape-s0/train/model.safetensors: 2.0 MB']
+    assert over_budget(tmp_path, sorted(files)) == ['  nbs/big.ipynb: 2.00 MB',
+                                                    '  nbs/results/e/runs/ape-s0/train/model.safetensors: 2.00 MB']
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -19,3 +19,20 @@ mech = R / 'cifar10-cpu' / 'mech'
 for st, keep in ((probes_declaration(), None), (rope_declaration(), lambda c, s: s == 0), (sae_declaration(), lambda c, s: s == 0)):
     t = adopt_tables(st, R / 'cifar10-cpu', mech, keep=keep)
     print(f"cifar10-cpu/mech/{st.name}: " + ', '.join(f"{k} {len(v)} rows" for k, v in t.items()))
+
+# frost was measured on its own after the other 14 corruptions and its rows appended; a fresh measurement writes every
+# corruption in `available_corruptions()` order, severities ascending: the per-run tables are put in that order
+from pe_anchors.corruptions import available_corruptions
+from pe_anchors.results import read_table, write_results
+from pe_anchors.rundir import StudyDir
+from pe_anchors.study import gather_study
+names = available_corruptions()
+for e in sorted(p.parent for p in R.glob('*/cifar10c.csv')):
+    sd = StudyDir(e, 'cifar10c')
+    for c, s in sd.runs():
+        f = sd.run(c, s) / 'cifar10c.csv'
+        t = read_table(f)
+        order = sorted(range(len(t)), key=lambda i: (names.index(t['corruption'].iloc[i]), t['severity'].iloc[i]))
+        if order != list(range(len(t))): write_results(t.iloc[order].reset_index(drop=True), f)
+    gather_study(corruption_declaration(), e)
+    print(f"{e.name}/cifar10c: rows in the order a fresh measurement writes")

@@ -30,9 +30,11 @@ os.environ['PYTHONWARNINGS'] = 'ignore::FutureWarning,ignore::DeprecationWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / 'nbs' / 'results'
-# Figures as the pages show them: PNG at 100 dpi, no 'Software' text chunk (execnb's default, 'retina', draws at twice the dpi)
+# Figures as the pages show them: PNG at 100 dpi, no 'Software' text chunk (execnb's default, 'retina', draws at twice the
+# dpi); no figure left open in this process (the first cell would show it) is carried into the page
 FIGURES = ("set_matplotlib_formats('png', metadata={'Software': None}); "
-           "import matplotlib; matplotlib.rcParams['figure.dpi'] = 100")
+           "import matplotlib, matplotlib.pyplot as plt; matplotlib.rcParams['figure.dpi'] = 100; plt.close('all'); "
+           "del matplotlib, plt")                          # the page imports its own names
 KEY = 'pe_anchors'                  # the notebook metadata key of the record (settings.ini: allowed_metadata_keys)
 
 def _keep_stdout_of_quiet_cells(CaptureShell):

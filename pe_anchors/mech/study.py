@@ -37,6 +37,7 @@ def probes_declaration(probe_steps: int = 400) -> Study:
     return Study('probes', _probes(probe_steps), settings=dict(probe_steps=probe_steps, test_frac=.25),
                  finish={'probes': content_floor}, description='linear position probes per layer, beside the content floor')
 
+# %% ../../nbs/11_mech.study.ipynb #9f0a0002
 def _rope(probe_steps: int):
     def measure(r: StudyRun) -> dict:
         m, meta = r.model, dict(condition=r.condition, seed=r.seed)
@@ -54,6 +55,7 @@ def rope_declaration(probe_steps: int = 400) -> Study:
     return Study('rope', _rope(probe_steps), tables=('knockouts', 'withheld', 'heads'),
                  settings=dict(probe_steps=probe_steps, withheld=1), description="RoPE's row/column planes and rebuild heads")
 
+# %% ../../nbs/11_mech.study.ipynb #9f0a0004
 def _sae_images(ctx, n_images: int) -> list[torch.Tensor]:
     "The training images an SAE is fitted on (the same `n_images` for every model), normalised, in batches."
     ev, bs = ctx.ev, ctx.exp.eval_bs
@@ -92,6 +94,7 @@ def sae_declaration(block: int = 1, images: int = 4000, k: int = 16, expansion: 
                                n_random=n_random, probe_steps=probe_steps, tol=.2),
                  description='TopK SAE position features and their causal ablation')
 
+# %% ../../nbs/11_mech.study.ipynb #9f0a0006
 def mech_study(path: str | Path,                          # an experiment directory or results folder with kept models
                out: str | Path,                           # where the tables go (e.g. nbs/results/<experiment>/mech)
                conditions: Sequence[str] = ('ape', 'spe', 'rope', 'nope'),
@@ -126,4 +129,3 @@ def mech_study(path: str | Path,                          # an experiment direct
         wall_s={k: round(sum(r['wall_s'] for r in rs), 1) for k, rs in recs.items()},
         this_call_s=round(time.perf_counter() - t0, 1), hardware=hardware_info(device), code=code_version()), indent=2))
     return tables
-
