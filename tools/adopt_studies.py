@@ -36,3 +36,13 @@ for e in sorted(p.parent for p in R.glob('*/cifar10c.csv')):
         if order != list(range(len(t))): write_results(t.iloc[order].reset_index(drop=True), f)
     gather_study(corruption_declaration(), e)
     print(f"{e.name}/cifar10c: rows in the order a fresh measurement writes")
+
+# a per-run probe table holds the floor its own rows give (a NoPE is its own floor, another PE none): the floor across
+# runs is the gathered table's (`finish`), as a fresh measurement writes them
+from pe_anchors.mech.position import content_floor
+sd = StudyDir(mech, 'probes')
+for c, s in sd.runs():
+    f = sd.run(c, s) / 'probes.csv'
+    write_results(content_floor(read_table(f)), f)
+gather_study(probes_declaration(), mech)
+print("cifar10-cpu/mech/probes: per-run floors as a fresh measurement writes them")
