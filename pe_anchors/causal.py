@@ -49,12 +49,14 @@ def load_tables(root, experiments: Sequence[str] | None = None) -> Tables:
     "The results and study tables of the results folders under `root` (those of `experiments`, default every one with a results table)."
     from pathlib import Path
     from pe_anchors.results import load_results, read_results, read_table
+    from pe_anchors.rundir import ExperimentDir
     root = Path(root)
-    names = experiments or sorted(p.parent.name for p in root.glob('*/results.csv'))
-    res = {n: load_results(root / n / 'results.csv') for n in names}
+    names = experiments or sorted(d.name for d in root.iterdir() if d.is_dir() and ExperimentDir(d).results.exists())
+    eds = {n: ExperimentDir(root / n) for n in names}
+    res = {n: load_results(ed.results) for n, ed in eds.items()}
     out = {}
     for k, f in STUDY_TABLES.items():
-        frames = [(read_results if k == 'padding' else read_table)(root / n / f'{f}.csv') for n in names if (root / n / f'{f}.csv').exists()]
+        frames = [(read_results if k == 'padding' else read_table)(ed.table(f)) for ed in eds.values() if ed.table(f).exists()]
         out[k] = pd.concat(frames, ignore_index=True) if frames else None
     return Tables(res, **out)
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from .core import (code_version, condition_label, condition_order, hardware_info, pbar, read_json, run_perm_seed,
                              show_progress as interactive, write_atomic)
-from .rundir import ExperimentDir, RunDir, StudyDir, config_diff, hub_files, recover, staging, swap_in
+from .rundir import STUDY_RECORD, ExperimentDir, RunDir, StudyDir, config_diff, hub_files, recover, staging, swap_in
 from .results import check_runs, read_table, write_results
 from .config import Experiment, experiment_of
 from .evaluate import EvalData, experiment_eval
@@ -120,7 +120,7 @@ def _write_run(sd: StudyDir, run: StudyRun, tables: dict, record: dict):
     dest = sd.run(run.condition, run.seed); dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = staging(dest); tmp.mkdir()
     for n, df in tables.items(): write_results(df.reset_index(drop=True), tmp / f'{n}.csv')
-    write_atomic(tmp / 'record.json', json.dumps(record, indent=2) + '\n')
+    write_atomic(tmp / STUDY_RECORD, json.dumps(record, indent=2) + '\n')
     swap_in(tmp, dest)
 
 
@@ -156,6 +156,7 @@ def run_study(study: Study,
     ed = ExperimentDir(path)
     exp = experiment_of(ed.path)
     sd, names = StudyDir(ed.path if out is None else out, study.name), study.table_names()
+    check_runs(ed.path)                                          # the experiment's own runs, trained and measured as it says
     runs = [(c, s) for c, s in ed.kept_runs() if (conditions is None or c in conditions) and (seeds is None or s in seeds)
             and (study.applies is None or study.applies(c))]
     if not runs:

@@ -79,16 +79,16 @@ def test_a_duplicated_run_folder_is_named(tmp_path, capsys):
 
 
 def test_a_run_measured_with_other_settings_is_refused(tmp_path, capsys):
-    from pe_anchors.experiment import padding_ablation, signal_ratios
     from pe_anchors.results import check_runs
+    from pe_anchors.study import padding_study, run_study, signal_ratio_study
     exp = tiny()                                                       # 32 SSDC images, 1 permutation draw
     (tmp_path / 'experiment.json').write_text(json.dumps(exp.to_dict()))
     for c, s in exp.runs(): fake_run(tmp_path, exp, c, s)
     for c, s in exp.runs(): _measured_with(tmp_path, exp, c, s, 32, 1)
     gather(tmp_path)                                                   # the experiment's own settings: read
     _measured_with(tmp_path, exp, 'nope', 0, 64, 2)                    # copied in: same training, other measurement
-    for call in (lambda: gather(tmp_path), lambda: check_runs(tmp_path), lambda: signal_ratios(tmp_path),
-                 lambda: padding_ablation(tmp_path)):
+    for call in (lambda: gather(tmp_path), lambda: check_runs(tmp_path), lambda: run_study(signal_ratio_study(), tmp_path),
+                 lambda: run_study(padding_study(), tmp_path)):
         with pytest.raises(ValueError, match=r'runs/nope-s0 was measured with other settings.*n_perms 2.*n_perms: 1'): call()
     (tmp_path / 'cfg').mkdir()
     for argv in (('report', tmp_path), ('sweep', exp_file(tmp_path / 'cfg'), '--out', tmp_path, '--quiet')):

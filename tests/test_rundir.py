@@ -87,9 +87,8 @@ LAYOUT = {getattr(rd, n) for n in ('CONFIG', 'METRICS', 'FINAL', 'MODEL_FILE', '
                                    'REPORT', 'MECH', 'LOCK')} | {'report.md', 'report.html', 'figures'}
 # modules whose paths are of other kinds: an image folder's train/ and val/ (data.py) is a dataset, not a run
 OTHER_KINDS = {'data.py'}
-# joins of run paths left in modules whose notebooks are edited elsewhere: messages that name the runs folder, and the
-# mechanistic study's own meta.json (`rundir.ExperimentDir(path).runs_dir` and `.mech` say the same)
-ALLOWED = {('shift_study.py', "path / 'runs'"): 2, ('mech/study.py', "path / 'runs'"): 1, ('mech/study.py', "out / 'meta.json'"): 1}
+# the mechanistic study's own summary, meta.json in its output folder (`rundir.ExperimentDir(out).meta` says the same)
+ALLOWED = {('mech/study.py', "out / 'meta.json'"): 1}
 
 
 def _layout(s: str) -> bool:
