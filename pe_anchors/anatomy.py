@@ -207,6 +207,7 @@ class ZooFamily:
     additive: Callable[[nn.Module], bool] | None = None   # whether this model adds a table (where the family makes it optional)
     reason: str = ''                     # why RPI is not defined (a family without entries)
 
+# %% ../nbs/01a_anatomy.ipynb #0d89681e
 _CONV = "position comes only from convolutions ({}): a permutation would scramble the neighbourhoods they read, not move content off its position"
 _table = lambda m: getattr(m, 'pos_embed', None) is not None
 ZOO_FAMILIES = {   # timm module -> ZooFamily
@@ -238,6 +239,7 @@ CNN_FAMILIES = ('resnet', 'resnetv2', 'convnext', 'efficientnet', 'mobilenetv3',
                 'vgg', 'byobnet', 'rexnet', 'ghostnet', 'dla', 'hrnet', 'inception_v3', 'xception', 'res2net', 'resnest')
 ZOO_FAMILIES.update(dict.fromkeys(CNN_FAMILIES, ZooFamily(reason="a CNN: " + _CONV.format("all of them, through their zero padding"))))
 
+# %% ../nbs/01a_anatomy.ipynb #5049bf85
 def timm_model(model: nn.Module) -> nn.Module | None:
     "The timm model in `model` (itself, inside DDP / `torch.compile`, or its first submodule with `forward_intermediates`), or None."
     return next((m for m in unwrap_model(model).modules() if callable(getattr(m, 'forward_intermediates', None))), None)

@@ -134,6 +134,7 @@ def _model_batches(model: nn.Module, data: ImageData | str | Path, n_images: int
     x = data.valid.images[idx]
     return [data.normalize(x[i:i + bs]) for i in range(0, len(x), bs)]
 
+# %% ../nbs/15_atlas.ipynb #2941bc75
 def atlas(models: Sequence[str] | Mapping[str, nn.Module],  # timm names, paths of trained runs / Hub folders, or built models by name
           data: ImageData | str | Path,      # an image folder (train/, val/ class folders), a packed .npz, or an ImageData
           n_images: int = 256,
@@ -166,6 +167,7 @@ def atlas(models: Sequence[str] | Mapping[str, nn.Module],  # timm names, paths 
         import matplotlib.pyplot as plt; plt.close(fig)
     return df
 
+# %% ../nbs/15_atlas.ipynb #c164bfdf
 def plot_atlas(df: pd.DataFrame):
     "SSDC against relative depth per model: unpermuted (left) and under RPI (right, the models where it is defined), ±1 SD over draws."
     import matplotlib.pyplot as plt

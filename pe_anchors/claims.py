@@ -69,6 +69,7 @@ class Evidence:
                                   f"{', '.join(f'{condition_label(c)} {self.values(c, acc()).mean():.3f}' for c in low)} "
                                   f"is below {FS_CHANCE_FACTOR:g} × chance = {FS_CHANCE_FACTOR * self.chance:.3f}")
 
+# %% ../nbs/10c_claims.ipynb #f120b964
 @dataclass(frozen=True)
 class Part:
     "One test inside a claim: what it compares, its result, the direction the claim needs, and the paper's value of it."
@@ -99,6 +100,7 @@ class Part:
     def __str__(self) -> str:
         return f"{self.label}: {self.result}" + ('' if math.isnan(self.paper) else f", paper {self.paper:+.3f}")
 
+# %% ../nbs/10c_claims.ipynb #65e29153
 @dataclass
 class Outcome:
     "A check's parts (`Part`, tested or shown) and a note."
@@ -157,6 +159,7 @@ def _same_everywhere(ev: Evidence, c: str, control: str | None) -> list[Part]:
     if not parts: raise TooFewSeeds(f"no layer of {condition_label(c)} has the seeds to compare")
     return parts
 
+# %% ../nbs/10c_claims.ipynb #22123489
 def _check_nope_null(ev: Evidence) -> Outcome:
     parts = _same_everywhere(ev, 'nope', None)
     return Outcome(parts, f"equivalent to 0 within ±{ANCHOR_MARGIN:g} at {sum(p.holds() for p in parts)} of {len(parts)} layers")
@@ -189,6 +192,7 @@ def _check_rope(ev: Evidence) -> Outcome:
                 _paper_rpi('rope', 'last') - _paper_rpi('rope', 1))
     return Outcome(early + [last, rise])
 
+# %% ../nbs/10c_claims.ipynb #b48621fe
 def _check_static_prior(ev: Evidence) -> Outcome:
     ls = layers(ev.df, 'nope', 'normal', 'untrained', every_seed=True)
     if not ls: raise Missing("NoPE: SSDC at initialisation")
@@ -289,6 +293,7 @@ def _paper_alpha(c: str, key: str, a: float) -> float:
     if not p or not any(math.isclose(a, x) for x in p['alpha']): return math.nan
     return p[key][[i for i, x in enumerate(p['alpha']) if math.isclose(a, x)][0]]
 
+# %% ../nbs/10c_claims.ipynb #b9b001fd
 def _check_alpha_delta(c: str):
     def check(ev: Evidence) -> Outcome:
         alphas = _alphas(ev, c, delta())
@@ -357,6 +362,7 @@ def _alpha_paper(c: str, key: str) -> Callable[[], str]:
     seeds = ' (one seed)' if c == 'spe' else ''
     return lambda: f"{name} {p[key][0]:g} (α = 1) → {p[key][-1]:g} (α = {p['alpha'][-1]:g}){seeds}"
 
+# %% ../nbs/10c_claims.ipynb #3b00ac88
 CLAIMS = [
     Claim('nope-rpi-null', "Without a PE, spatial structure is content-derived: NoPE's SSDC under RPI is ≈ 0 at every layer.",
           lambda: "NoPE RPI-SSDC {:.3f}–{:.3f}".format(*PAPER_RPI_RANGES['nope']), (('nope', rpi(0)),), _check_nope_null,
@@ -444,6 +450,7 @@ def evaluate(claim: Claim, df: pd.DataFrame, stage: str = 'trained', chance: flo
             'margin': getattr(r, 'margin', math.nan), 'detectable': detectable_effect(r),
             'evidence': _words(o.parts, held, o.note), 'holding': tuple(x.key for x in o.parts if x.want and x.holds())}
 
+# %% ../nbs/10c_claims.ipynb #6911d11f
 def _relation(r) -> str:
     """Where the paper's effect lies against our interval: 'inside', 'smaller' / 'larger' (ours), or '' (no paper value);
     for an equivalence, 'outside' when the paper's own difference is beyond the margin and outside our interval."""
@@ -466,6 +473,7 @@ def _verdict(r) -> str:
     if rel == 'outside': return 'departure'
     return {'smaller': "smaller than the paper's", 'larger': "larger than the paper's"}.get(rel, 'inconclusive')
 
+# %% ../nbs/10c_claims.ipynb #f85781d6
 def verdicts(df: pd.DataFrame, num_classes: int | None = None, claims: Sequence[Claim] | None = None,
              paper: bool = True,                # also read the paper's own Table 5 by the same rule (departures)
             ) -> pd.DataFrame:

@@ -36,6 +36,8 @@ def _entry(category, constants, meaning, random=True, extra=False, status='same'
 
 _MAGICK = "ImageMagick's MotionBlurImage written out (the reference calls it through Wand)"
 _HSV = "scikit-image's rgb2hsv / hsv2rgb written out"
+
+# %% ../nbs/08a_corruptions.ipynb #462146e8
 CORRUPTIONS = {
     # noise
     'gaussian_noise': _entry('noise', [.04, .06, .08, .09, .10], 'σ of N(0, σ²) added to pixels in [0, 1]'),
@@ -94,6 +96,8 @@ CORRUPTIONS = {
                        '(factor, offset) on the HSV saturation', random=False, extra=True, status='written out',
                        note=_HSV),
 }
+
+# %% ../nbs/08a_corruptions.ipynb #31b37031
 CIFAR_C_NAMES = ('gaussian_noise', 'shot_noise', 'impulse_noise', 'defocus_blur', 'glass_blur', 'motion_blur',
                  'zoom_blur', 'snow', 'frost', 'fog', 'brightness', 'contrast', 'elastic_transform', 'pixelate',
                  'jpeg_compression')          # the benchmark's 15, in the reference's order

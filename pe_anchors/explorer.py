@@ -27,6 +27,7 @@ def name_color(name: str) -> str:
         if name == condition_label(c) or name.startswith(condition_label(c) + ' '): return condition_color(c)
     return condition_color(name)
 
+# %% ../nbs/12_explorer.ipynb #957bb12d
 class Explorer:
     "Mean token-similarity maps and SSDC curves of several models, normal and under RPI, for interactive browsing."
     modes = ('normal', 'rpi')

@@ -82,6 +82,7 @@ def _memo(df: pd.DataFrame) -> dict:
     _split(df)
     return next(v[3] for v in _CACHE.values() if v[0] is df)
 
+# %% ../nbs/10b_measures.ipynb #1144b459
 def _blocks(d: pd.DataFrame) -> pd.DataFrame:
     "The rows of the block inputs: the output tap's rows left out."
     return d[d['tap'].fillna('').astype(str) != 'output'] if 'tap' in d else d
@@ -103,6 +104,7 @@ def _rows(df: pd.DataFrame, condition: str, q: Quantity, stage: str) -> pd.DataF
     elif q.layer is not None: d = d[d['layer'] == q.layer]
     return d
 
+# %% ../nbs/10b_measures.ipynb #0610e50d
 def per_seed(df: pd.DataFrame, condition: str, q: Quantity, stage: str = 'trained') -> pd.Series:
     "One value per seed (indexed by seed) of `q` for `condition`; `Missing` when the table has none."
     memo, key = _memo(df), ('per_seed', condition, q, stage)
@@ -128,6 +130,7 @@ def _per_seed(df, condition, q, stage) -> pd.Series:
         raise ValueError(f"{condition} {q}: several rows per seed; the quantity is ambiguous in this table")
     return d.set_index('seed')['value'].astype(float).sort_index()
 
+# %% ../nbs/10b_measures.ipynb #e7cb54d4
 def has(df: pd.DataFrame, condition: str, q: Quantity, stage: str = 'trained') -> bool:
     "Whether the table holds `q` for `condition`."
     try: per_seed(df, condition, q, stage); return True

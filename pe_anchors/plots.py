@@ -52,6 +52,7 @@ def band_entry(ax, label: str = "±1 SD over seeds"):
     from matplotlib.patches import Rectangle
     if label not in [p.get_label() for p in ax.patches]: ax.add_patch(Rectangle((0, 0), 0, 0, color='0.5', alpha=.25, lw=0, label=label))
 
+# %% ../nbs/10_plots.ipynb #ae403f68
 def plot_ssdc(df: pd.DataFrame,
               metric: str = 'ssdc',
               mode: str = 'normal',

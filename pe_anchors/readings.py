@@ -47,6 +47,7 @@ def _ape(df) -> str:
             + f" and {l1} after block 0, ΔSSDC {d}" + (f" (minus NoPE's: {vsd})" if vsd else '')
             + f": index-anchored {_where(df, 'ape')}.")
 
+# %% ../nbs/10f_readings.ipynb #16ac2575
 def alpha_shape(df: pd.DataFrame, condition: str, q: Quantity) -> str:
     """How `q`'s mean over seeds moves as α falls: 'falls monotonically …', or 'is not monotone: …' with the rise to its
     maximum tested (`within`, the same runs at two α); '' when the sweep did not measure it."""
@@ -66,6 +67,7 @@ def alpha_shape(df: pd.DataFrame, condition: str, q: Quantity) -> str:
     return (f"is not monotone: {v[0]:.3f} at α = {a[0]:g}, up to {m[top]:.3f} at α = {top:g}{rise}, then down to "
             f"{v[-1]:.3f} at α = {a[-1]:g}")
 
+# %% ../nbs/10f_readings.ipynb #b3e1e867
 _ALPHA_CLAIMS = {'ape': {'ape-alpha-delta': 'ΔSSDC collapses', 'ape-alpha-fs': 'JPEG fragility rises'},
                  'spe': {'spe-alpha-delta': 'ΔSSDC collapses', 'spe-alpha-smooth': 'the anchoring falls smoothly',
                          'spe-alpha-fs': 'JPEG fragility rises'}}
@@ -103,6 +105,7 @@ def _alpha(df, c, chance, v) -> str | None:
             + (f" α = {', '.join(f'{a:g}' for a in left)}: FS not meaningful (clean accuracy below "
                f"{FS_CHANCE_FACTOR:g} × chance)." if left else ''))
 
+# %% ../nbs/10f_readings.ipynb #f82e5d3a
 def _pe(df, c) -> str:
     a = anchoring(df, c)
     last = max(layers(df, c, every_seed=True))
@@ -128,6 +131,7 @@ def _family(df, c, chance) -> str:
             f"{a['delta']}, peak {a['peak']}); clean accuracy {m}"
             + (f", {', '.join(fss)}" if fss and m and not near_chance(m.mean, chance) else '') + '.')
 
+# %% ../nbs/10f_readings.ipynb #35af7a69
 _PLACES = ('at the input', 'after block 0', 'late', 'nowhere', 'not decided')
 
 def _where_reading(df, conditions) -> str:

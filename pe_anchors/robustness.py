@@ -249,6 +249,7 @@ def from_blocks(blocks: torch.Tensor, grid) -> torch.Tensor: # (B, gh*gw, C, bh,
     (gh, gw), (B, N, C, bh, bw) = grid_hw(grid), blocks.shape
     return blocks.reshape(B, gh, gw, C, bh, bw).permute(0, 3, 1, 4, 2, 5).reshape(B, C, gh * bh, gw * bw)
 
+# %% ../nbs/08_robustness.ipynb #99fe4d5b
 class BlockShuffle(Shift):
     "Random permutation of the `grid` x `grid` blocks of every image (one permutation per image, seeded)."
     kind = 'shuffle'
@@ -269,6 +270,7 @@ class BlockShuffle(Shift):
         perm = self.perms(len(x), offset).to(x.device)                 # (B, N)
         return from_blocks(blocks[torch.arange(len(x), device=x.device)[:, None], perm], self.grid)
 
+# %% ../nbs/08_robustness.ipynb #e3f230dc
 def _check_fill(fill) -> tuple[float, ...]:
     fill = tuple(float(f) for f in np.atleast_1d(fill))
     if not all(0 <= f <= 1 for f in fill):

@@ -155,6 +155,7 @@ def sensitivity_study(models: dict,                  # label -> an nn.Module, or
     val = list(data.valid_uint8(bs=bs, device='cpu'))
     return evaluate_shifts(loaded, val, xu_shifts(grid, data.mean), normalize=data.normalize, show=show_progress)
 
+# %% ../nbs/16_shift_study.ipynb #e6fbd458
 def cifar10_sensitivity(results: str | Path,         # the results folder holding the kept cifar10-cpu and cifar10-cpu-dose runs
                         data_path: str | Path | None = None,   # CIFAR-10 on this machine (folders or packed .npz)
                         runs: str | Path = 'runs',   # where the CNN trains (resumable) the first time

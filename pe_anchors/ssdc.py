@@ -214,6 +214,7 @@ def _grids(grid_size) -> tuple[tuple[int, int] | None, list[tuple[int, int]] | N
         return (grids[0] if len(set(grids)) == 1 else None), grids
     return grid_hw(grid_size), None
 
+# %% ../nbs/06_ssdc.ipynb #d561e42f
 class SSDCAccumulator:
     "Streaming SSDC: feed `(L, B, N, C)` patch-token batches to `update`; memory stays `(L, N, N)` (+ per-image values)."
     def __init__(self,

@@ -188,6 +188,7 @@ def verdict_table(v: pd.DataFrame, kind: str = 'test') -> pd.DataFrame:
     if kind != 'test': out['why a sanity check'] = d['reason'].values
     return out
 
+# %% ../nbs/10d_tables.ipynb #74daa8c7
 def verdict_key(v: pd.DataFrame, df: pd.DataFrame, kind: str = 'test') -> str:
     "How to read `verdict_table(v, kind)` of the results `df`: the parts, the tests, Holm's family, power, the words, what n decides."
     sub = v[v['kind'] == kind]
@@ -222,6 +223,7 @@ def verdict_key(v: pd.DataFrame, df: pd.DataFrame, kind: str = 'test') -> str:
                 + words)
     return ' '.join([parts, words, seeds])
 
+# %% ../nbs/10d_tables.ipynb #1ba78093
 def verdict_markdown(df: pd.DataFrame, kind: str = 'test', v: pd.DataFrame | None = None,
                      num_classes: int | None = None) -> str:
     "The verdicts of the results `df` as every page prints them: a caption, `verdict_table` and `verdict_key`."

@@ -390,6 +390,7 @@ def withheld_retention(model: nn.Module,
     return pd.DataFrame([dict(**meta, withheld=k, ssdc=vals[k], retention=retention(vals[k], vals[L], vals[0]),
                               layer=a.block_index(layer), point=point, mode=mode) for k in ks])
 
+# %% ../../nbs/11_mech.position.ipynb #6c461871
 def rebuild_heads(model: nn.Module,
                   batches: Iterable,
                   withheld: int,                         # blocks 0..withheld-1 get no rotations

@@ -262,6 +262,7 @@ class MassUnmatched(ValueError):
     "No random set of the other active latents removes the selected set's norm: `target` and what all of them remove at once (`ceiling`)."
     def __init__(self, msg: str, target: float, ceiling: float): super().__init__(msg); self.target, self.ceiling = target, ceiling
 
+# %% ../../nbs/11_mech.sae.ipynb #debb841f
 class _Removal:
     """What ablating a growing set of latents takes out of every token, one latent added at a time: `removed_norm`'s
     number without encoding the tokens again for every candidate (the codes are kept as the top-k values and indices)."""
@@ -288,6 +289,7 @@ class _Removal:
     def norm(self) -> float: return float(self.D.norm(dim=1).mean())
     def reset(self) -> '_Removal': self.D.zero_(); return self
 
+# %% ../../nbs/11_mech.sae.ipynb #a9565f51
 def sae_causal_test(model: nn.Module,
                     sae: TopKSAE,
                     batches: Iterable,                 # (x, y) batches, the same images in the same order every pass
