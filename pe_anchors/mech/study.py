@@ -126,6 +126,6 @@ def mech_study(path: str | Path,                          # an experiment direct
         experiment=next(r['experiment'] for rs in recs.values() for r in rs),
         runs=[RunDir.name(c, s) for c, s in StudyDir(out, 'probes').runs()],
         settings={k: rs[0]['settings'] for k, rs in recs.items() if rs}, sae_conditions=list(sae_conditions),
-        wall_s={k: round(sum(r['wall_s'] for r in rs), 1) for k, rs in recs.items()},
+        wall_s={k: round(sum(r.get('wall_s', 0.) for r in rs), 1) for k, rs in recs.items()},   # adopted runs: not timed
         this_call_s=round(time.perf_counter() - t0, 1), hardware=hardware_info(device), code=code_version()), indent=2))
     return tables
