@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import N_PERMS, check_choice, grid_hw, pbar, unwrap_model
+from .core import N_PERMS, check_choice, check_model_name, grid_hw, pbar, unwrap_model
 from .anatomy import anatomy, rpi_reason, timm_model, zoo_family, zoo_position
 from .hooks import TokenPermutation
 from .data import ImageData, cifar10, image_folder, stratified_sample
@@ -227,6 +227,7 @@ def _named_model(name: str, pretrained: bool, model_kwargs: dict | None) -> tupl
     p = Path(name).expanduser()
     if not p.exists():
         import timm
+        check_model_name(name, pretrained, 'atlas')                     # known to timm; a download only when allowed
         return name, timm.create_model(name, pretrained=pretrained, **(model_kwargs or {}))
     try: label = find_run(p).path.name                                  # a run: named as its folder (e.g. ape-s0)
     except (ValueError, FileNotFoundError): label = p.stem if p.is_file() else p.name

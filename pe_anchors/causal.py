@@ -375,9 +375,13 @@ def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs
                       slope=float(np.polyfit(x, y, 1)[0]), slope_low=float(sl), slope_high=float(sh))
 
 # %% ../nbs/10h_causal.ipynb #628dbd24
-def factorial_points(points: pd.DataFrame) -> pd.DataFrame:
-    "The factorial models' trained points with their cell: `shuffle` (share of rows moved) and `scale` (loudness)."
+def factorial_points(points: pd.DataFrame, home: str = 'cifar10-cpu-factorial') -> pd.DataFrame:
+    """The factorial models' trained points with their cell: `shuffle` (share of rows moved) and `scale` (loudness). A
+    cell trained in another experiment at the same setting (`smooth_table` of `cifar10-cpu-dose`) counts for the seeds
+    the factorial's own experiment `home` has not trained."""
     p = points[(points['kind'] == 'trained') & points['condition'].isin(FACTORIAL)].copy()
+    p = p.assign(_home=p['experiment'] != home).sort_values('_home', kind='stable')
+    p = p.drop_duplicates(['condition', 'seed']).drop(columns='_home').sort_index()
     p['shuffle'] = [FACTORIAL[c][0] for c in p['condition']]; p['scale'] = [FACTORIAL[c][1] for c in p['condition']]
     return p
 
