@@ -36,7 +36,7 @@ setuptools.setup(
     url=cfg['git_url'],
     packages=setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data=True,
-    package_data={cfg['lib_name']: ['data/*']},
+    package_data={cfg['lib_name']: ['assets/*']},
     install_requires=requirements,
     extras_require={'dev': dev_requirements, 'tracking': tracking_requirements,
                     'corruptions': corruptions_requirements},

@@ -25,6 +25,7 @@ from .rundir import find_run
 from .ssdc import SSDCAccumulator, _batch_images
 from .interventions import SSDCRuns, measure_ssdc
 from .results import write_results
+from .plots import condition_colors
 
 # %% auto #0
 __all__ = ['MIN_STRIDE', 'MIN_TOKENS', 'ZOO', 'input_size', 'feature_maps', 'feature_taps', 'block_ssdc', 'atlas', 'plot_atlas',
@@ -146,7 +147,7 @@ def atlas(models: Sequence[str] | Mapping[str, nn.Module],  # timm names, paths 
           show_progress: bool | None = None,
           model_kwargs: dict | None = None,  # passed to timm.create_model for names (e.g. img_size for small tests)
           min_stride: int | None = MIN_STRIDE, # timm maps finer than this stride are average-pooled to it (None: never)
-          img_size: int | None = None,       # the images' side (default: each model's own, `input_size`)
+          img_size: int | None = None,       # the images' side (default: each model's own, input_size)
          ) -> pd.DataFrame:
     "SSDC per block or stage, unpermuted and (where it is defined) under RPI, for every model on the same images: one tidy table (and a figure)."
     frames = []
@@ -171,7 +172,7 @@ def atlas(models: Sequence[str] | Mapping[str, nn.Module],  # timm names, paths 
 def plot_atlas(df: pd.DataFrame):
     "SSDC against relative depth per model: unpermuted (left) and under RPI (right, the models where it is defined), ±1 SD over draws."
     import matplotlib.pyplot as plt
-    colors = {m: f'C{i % 10}' for i, m in enumerate(df['model'].unique())}     # one colour per model in both panels
+    colors = condition_colors(df['model'].unique())     # one colour per model in both panels, none a condition's
     fig, axs = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, mode, title in ((axs[0], 'normal', 'unpermuted'), (axs[1], 'rpi', 'under RPI (index-anchored structure)')):
         for name, d in df[df['mode'] == mode].groupby('model', sort=False):
@@ -233,7 +234,7 @@ def _named_model(name: str, pretrained: bool, model_kwargs: dict | None) -> tupl
     except (ValueError, FileNotFoundError): label = p.stem if p.is_file() else p.name
     return label, load_trained(p)[0].eval()
 
-def coverage_table(models: Sequence[str] | Mapping[str, nn.Module], # timm names or paths (as `atlas` takes them), or built models by name
+def coverage_table(models: Sequence[str] | Mapping[str, nn.Module], # timm names or paths (as atlas takes them), or built models by name
                    model_kwargs: dict | None = None,  # passed to timm.create_model for names
                    img_size: int | None = None,
                    min_stride: int | None = MIN_STRIDE,

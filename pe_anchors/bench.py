@@ -197,7 +197,7 @@ class _Timer(Callback):
 
 # %% ../nbs/14_bench.ipynb #04597219
 def timm_twins(model: str = 'pe_vit_nano_patch4_32', # a PEViT config, a key of `MODEL_CONFIGS`
-               model_kwargs: dict | None = None,      # its overrides, as `create_pe_vit` takes them
+               model_kwargs: dict | None = None,      # its overrides, as create_pe_vit takes them
                num_classes: int = 10,
               ) -> dict[str, nn.Module]:              # {'vit': VisionTransformer, 'eva': Eva}
     "timm's own models of a PEViT's size: `VisionTransformer` with a learned APE (pe='ape') and `Eva` with axial RoPE, no APE (pe='rope')."
@@ -292,7 +292,7 @@ def bench_train(model: str = 'pe_vit_nano_patch1_8',
                 model_kwargs: dict | None = None,
                 baseline: str | None = None,    # a timm model timed with the same plain loop (e.g. 'vit_small_patch16_224')
                 baseline_kwargs: dict | None = None,
-                vs_timm: bool = True,           # end with `bench_vs_timm`: APE vs timm's ViT, RoPE vs its Eva, same size
+                vs_timm: bool = True,           # end with bench_vs_timm: APE vs timm's ViT, RoPE vs its Eva, same size
                 rounds: int = 5,                # its interleaved rounds
                 verbose: bool = True,
                ):

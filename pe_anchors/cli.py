@@ -90,8 +90,7 @@ def _threads_opt(p: argparse.ArgumentParser, workers: bool = False, default: str
 
 def _run_opts(p: argparse.ArgumentParser, many: bool):
     "Options of commands that train: conditions, seeds, epochs, callbacks, restart."
-    from pe_anchors.core import CONDITIONS
-    from pe_anchors.learner import CALLBACKS
+    from pe_anchors.core import CALLBACKS, CONDITIONS
     p.add_argument('--condition', '--conditions', dest='conditions', nargs='+' if many else 1, metavar='COND',
                    help=', '.join(CONDITIONS) + (' (one or more)' if many else ''))
     p.add_argument('--seed', '--seeds', dest='seeds', nargs='+' if many else 1, type=int, metavar='SEED')
@@ -107,7 +106,7 @@ def _needs_path(name: str) -> str:
     return f"--data-path PATH (where its images are{f', or set {DATA_PATH_ENV[name]}' if name in DATA_PATH_ENV else ''})"
 
 def _dataset(name: str | None, path: str | None):
-    "A dataset by name (those that `data.takes_path` need a location) or a dataset path."
+    "A dataset by name (those that `takes_path` need a location) or a dataset path."
     from pe_anchors.data import DATASETS, data_path, get_data, takes_path
     name = name or 'digits'
     if takes_path(name):
@@ -185,24 +184,30 @@ def load_hint(busy: float, threads: int) -> str:
             "torch thread(s) (the same numbers, more slowly)")
 
 def _print_verdicts(results):
-    "The report's verdicts, then each condition's ΔSSDC and peak RPI-SSDC (where anchoring forms)."
+    """The report's verdict tables line by line (each claim's deciding part, our effect beside the paper's, raw and Holm
+    p; the key is in the report), then each condition's ΔSSDC and peak RPI-SSDC (where anchoring forms)."""
     from pe_anchors.claims import verdicts
-    from pe_anchors.tables import rpi_summary
+    from pe_anchors.stats import p_is
+    from pe_anchors.tables import rpi_summary, verdict_table
     v = verdicts(results)
     for kind, head in (('test', 'Tests of the paper\'s claims:'), ('sanity check', 'Sanity checks (hold by construction or '
                        'before training; not agreement with the paper):')):
         print(head)
-        for r in v[v['kind'] == kind].itertuples():
-            print(f"  [{r.verdict:>12}] {r.claim}\n{'':17}ours: {r.evidence}")
+        for t, r in zip(verdict_table(v, kind).to_dict('records'), v[v['kind'] == kind].itertuples()):
+            part, ours, paper = (t[k].replace('\u00a0', ' ') for k in ('deciding part', 'ours [interval]', "the paper's"))
+            p = f" ({r.test}, {r.n}, {p_is(r.p)}, Holm {p_is(r.p_holm)})" if r.test else ''
+            ours = (f"{part}: {ours}" if part != '–' else ours) + (f"; the paper's: {paper}" if paper != '–' else '')
+            print(f"  [{r.verdict:>12}] {r.claim}\n{'':17}ours: {ours}{p}")
     print('Anchoring under RPI:'); print('\n'.join(rpi_summary(results)))
 
 # %% ../nbs/13_cli.ipynb #4bbde06b
 def cmd_demo(a):
-    "The offline default: the digits preset (the five paper conditions, on a CPU in minutes), every analysis, the report."
+    "The offline default: the digits preset (the five paper conditions, on a CPU in minutes), every analysis, the report, against the committed digits runs."
     from pe_anchors.core import hardware_info
     from pe_anchors.rundir import ExperimentDir
     from pe_anchors.sweep import run_experiment
     from pe_anchors.report import write_report
+    from pe_anchors.reference import demo_summary
     device = check_device(a.device) or 'cpu'
     exp, extra = _load_experiment('digits', a)
     out = _experiment_out(a.out)
@@ -213,10 +218,9 @@ def cmd_demo(a):
     df = run_experiment(exp, out, device=device, show=False if a.quiet else None, verbose=not a.quiet, restart=a.restart,
                         extra_callbacks=extra, threads=threads, workers=a.workers)
     report = write_report(out)
-    print(f"\ndone in {(time.perf_counter() - t) / 60:.1f} min. Verdicts (digits, {len(exp.seeds)} seed(s); the paper used "
-          "ImageNet-100 and 4 seeds):")
-    _print_verdicts(df)
-    print(f"\nreport: {report} (and report.html, figures/); results table: {ExperimentDir(out).results}")
+    print(f"\ndone in {(time.perf_counter() - t) / 60:.1f} min ({len(exp.runs())} runs; the paper: ImageNet-100, 4 seeds).")
+    print('\n'.join(demo_summary(df, exp.to_dict())))
+    print(f"report: {report} (and report.html, figures/; results table: {ExperimentDir(out).results})")
 
 def cmd_train(a):
     "Train one condition into a run directory (resumed when interrupted, `--restart` to start over); works under `torchrun`."
@@ -358,7 +362,7 @@ def cmd_study(a):
         print(f"{st().name}: {t[['condition', 'seed']].drop_duplicates().shape[0]} model(s)"); done(st().name)
 
 def _check_sizes(path: Path, sizes: list[int]):
-    "Refuse test sizes whose images could not fit in this machine's memory (the dataset's estimate, `data.data_bytes`)."
+    "Refuse test sizes whose images could not fit in this machine's memory (the dataset's estimate, `data_bytes`)."
     from pe_anchors.config import experiment_of
     from pe_anchors.data import data_bytes
     from pe_anchors.sweep import ram_bytes

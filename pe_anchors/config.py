@@ -10,12 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import (CONDITIONS, DOSE_CONDITIONS, FACTORIAL_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused,
-                             Recipe, check_choice, check_model_name, check_offline, recipe_changes)
+from .core import (CALLBACKS, CONDITIONS, DOSE_CONDITIONS, FACTORIAL_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused,
+                             Recipe, check_choice, check_model_name, check_offline, recipe_changes, shown_defaults)
 from .paper import PAPER_ALPHAS
 from .results import RPI_MODES
-from .data import DATASETS, cifar10, image_folder
-from .learner import CALLBACKS
 from .rundir import ExperimentDir
 
 # %% auto #0
@@ -100,6 +98,7 @@ def check_kwargs(key: str, kw: dict, params: dict, what: str):
 def _data_params(data: str) -> tuple[dict, str] | None:
     "The arguments (name: default) a dataset's builder takes in `data_kwargs`, and the builder's name (None: unknown data)."
     import inspect
+    from pe_anchors.data import DATASETS, cifar10, image_folder   # the builders (and the training stack), only here
     if data in DATASETS: fn, skip = DATASETS[data], ()
     elif data.endswith('.npz') or Path(data).expanduser().exists(): fn, skip = (cifar10 if data.endswith('.npz') else image_folder), ('path',)
     else: return None
@@ -127,6 +126,7 @@ def check_fields(d: dict) -> dict:
     return d
 
 # %% ../nbs/09a_config.ipynb #f2551c4f
+@shown_defaults
 @dataclass
 class Experiment:
     "A declarative experiment: `conditions` × `seeds` trained on `data` with `recipe`, then the paper's measurements."
@@ -149,7 +149,7 @@ class Experiment:
     severities: bool = False                # also ImageNet-C severities 1..5 of JPEG and blur (curves)
     shift_ref_size: int = 224               # image side at which the blur σ/kernel are defined; scaled by img_size/this
     eval_bs: int = 256
-    callbacks: list = field(default_factory=list)       # extra fastai callbacks by registered name (learner.CALLBACKS), e.g. ['wandb']
+    callbacks: list = field(default_factory=list)       # extra fastai callbacks by registered name (core.CALLBACKS), e.g. ['wandb']
 
     def __post_init__(self): self.validate()
 

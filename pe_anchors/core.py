@@ -14,16 +14,16 @@ import torch
 from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
-__all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PAPER_CONDITIONS', 'FACTORIAL_SHUFFLES',
-           'FACTORIAL_SCALES', 'FACTORIAL', 'FACTORIAL_CONDITIONS', 'RECIPES', 'CPU_ISA', 'CPU_ISA_ENV',
-           'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS', 'PADDING_MODES', 'DISK_ERRORS', 'grid_hw', 'grid_coords',
-           'check_choice', 'check_finite', 'NetworkRefused', 'check_offline', 'model_source', 'hub_name',
-           'check_model_name', 'image_rng', 'image_perms', 'condition_spec', 'condition_model_kwargs',
+__all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS', 'PADDING_TWINS', 'PAPER_CONDITIONS',
+           'FACTORIAL_SHUFFLES', 'FACTORIAL_SCALES', 'FACTORIAL', 'FACTORIAL_CONDITIONS', 'RECIPES', 'CALLBACKS',
+           'CPU_ISA', 'CPU_ISA_ENV', 'IMAGENET_MEAN', 'IMAGENET_STD', 'N_PERMS', 'PADDING_MODES', 'DISK_ERRORS',
+           'grid_hw', 'grid_coords', 'check_choice', 'check_finite', 'NetworkRefused', 'check_offline', 'model_source',
+           'hub_name', 'check_model_name', 'image_rng', 'image_perms', 'condition_spec', 'condition_model_kwargs',
            'condition_label', 'condition_order', 'Recipe', 'recipe_changes', 'show_progress', 'pbar', 'usable_cores',
            'cpu_snapshot', 'busy_cores', 'free_cores', 'auto_threads', 'check_threads', 'set_threads', 'default_device',
            'cpu_name', 'hardware_info', 'code_version', 'cpu_info', 'set_cpu_isa', 'run_perm_seed', 'env_int',
            'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic', 'current_umask', 'read_json',
-           'disk_error']
+           'disk_error', 'shown_defaults']
 
 # %% ../nbs/00_core.ipynb #419c0931
 def grid_hw(grid_size: int | Sequence[int]) -> tuple[int, int]:
@@ -142,6 +142,7 @@ CONDITIONS = {
 EXTENSION_CONDITIONS = ('rope_mixed', 'rpb', 'ape_rope', 'rope_dinov3', 'peg', 'alibi')   # beyond the paper
 DOSE_CONDITIONS = ('spe_x025', 'spe_x05', 'random_table', 'smooth_table', 'peg_circular', 'nope_conv', 'nope_conv_circular',
                    'rope_t100')    # index anchoring changed at one architecture: the causal test
+PADDING_TWINS = {'peg': 'peg_circular', 'nope_conv': 'nope_conv_circular'}   # zero-padded condition -> its circular twin
 PAPER_CONDITIONS = ('ape', 'spe', 'rope', 'nope', 'rpt')  # the five conditions of the paper, in its table order
 
 # geometry × loudness at a fixed table: the smooth table with a share of its rows moved to other slots (`shuffle`), at a
@@ -205,6 +206,10 @@ RECIPES = {
     'fast': Recipe(pct_start=0.25, moms=None, bf16=True, channels_last=True),
 }
 RECIPES['digits'] = replace(RECIPES['fast'], epochs=12, bs=32, lr=2e-3, pe_lr_mult=20)   # the digits preset's: minutes on a CPU
+# the extra fastai callbacks a run can name (`--cbs`, an experiment's `callbacks`): name -> 'module:attribute'
+CALLBACKS = {'csv': 'pe_anchors.recorder:RunCSV', 'tensorboard': 'pe_anchors.trackers:tensorboard_callback',
+             'wandb': 'pe_anchors.trackers:wandb_callback', 'save_model': 'pe_anchors.recorder:SaveModel',
+             'early_stopping': 'pe_anchors.recorder:EarlyStopping', 'snapshots': 'pe_anchors.recorder:Snapshots'}
 
 def recipe_changes(name: str, base: str = 'fast') -> dict:
     "The fields in which recipe `name` differs from recipe `base`: what an experiment's `train_kwargs` say over its `recipe`."
@@ -446,3 +451,18 @@ def disk_error(e: BaseException, where: str | Path) -> OSError | None:
     code = next((c for c, words in DISK_ERRORS.items() if words in str(e) or f'os error {c})' in str(e)), None)
     return None if code is None else OSError(code, DISK_ERRORS[code], str(where))
 
+
+# %% ../nbs/00_core.ipynb #d9b4ea9b
+class _Shown:
+    "A default as a signature shows it: the repr of what a dataclass field's `default_factory` makes."
+    def __init__(self, value): self.value = value
+    def __repr__(self) -> str: return repr(self.value)
+
+def shown_defaults(cls: type) -> type:
+    "Class decorator: the dataclass `cls` with a signature showing each `default_factory` field's value, not `<factory>`."
+    import dataclasses, inspect
+    made = {f.name: f.default_factory for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING}
+    sig = inspect.signature(cls)
+    cls.__signature__ = sig.replace(parameters=[q.replace(default=_Shown(made[q.name]())) if q.name in made else q
+                                                for q in sig.parameters.values()])
+    return cls

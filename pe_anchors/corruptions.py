@@ -156,7 +156,7 @@ def blur_hw(u: np.ndarray, sigma: float, mode: str = 'nearest', truncate: float 
     "Gaussian blur of the H and W axes of (N, H, W, C) floats (scipy; the edge and radius of skimage.filters.gaussian)."
     return ndimage.gaussian_filter(u, sigma=(0, sigma, sigma, 0), mode=mode, truncate=truncate)
 
-def gaussian_blur(x: np.ndarray, c: float, rngs=None) -> np.ndarray:
+def gaussian_blur(x: np.ndarray, c: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
     "Per-channel Gaussian blur of σ = c px."
     return to_uint8(blur_hw(to_unit(x), c))
 
@@ -172,7 +172,7 @@ def disk_kernel(radius: float, alias_blur: float) -> np.ndarray: # (k, k) float6
     r, c = np.flatnonzero(k.any(1)), np.flatnonzero(k.any(0))              # drop the all-zero rim (stays centred)
     return k[r[0]:r[-1] + 1, c[0]:c[-1] + 1]
 
-def defocus_blur(x: np.ndarray, c, rngs=None) -> np.ndarray:
+def defocus_blur(x: np.ndarray, c, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
     "Each channel correlated with `disk_kernel(*c)`, the border mirrored (edge pixel not repeated)."
     return to_uint8(ndimage.correlate(to_unit(x), disk_kernel(*c)[None, :, :, None], mode='mirror'))
 
@@ -248,7 +248,7 @@ def zoom_factors(c) -> np.ndarray:
     "The reference's `np.arange(start, stop, step)` of zoom factors."
     return np.arange(*c)
 
-def zoom_blur(x: np.ndarray, c, rngs=None) -> np.ndarray:
+def zoom_blur(x: np.ndarray, c, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
     "The mean of the image and its clipped zooms by every factor of `zoom_factors(c)`."
     u = to_unit(x).astype(np.float32)
     zs = zoom_factors(c)
@@ -379,32 +379,32 @@ def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray: # (..., 3) -> (..., 3) RGB in [0,
     return np.stack([np.choose(i, [v, q, p, p, t, v]), np.choose(i, [t, v, v, q, p, p]),
                      np.choose(i, [p, p, t, v, v, q])], -1)
 
-def brightness(x: np.ndarray, c: float, rngs=None) -> np.ndarray:
+def brightness(x: np.ndarray, c: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
     "HSV value + c, clipped to [0, 1]."
     hsv = rgb_to_hsv(to_unit(x))
     hsv[..., 2] = np.clip(hsv[..., 2] + c, 0, 1)
     return to_uint8(hsv_to_rgb(hsv))
 
 # %% ../nbs/08a_corruptions.ipynb #c96d8310
-def contrast(x: np.ndarray, c: float, rngs=None) -> np.ndarray:
+def contrast(x: np.ndarray, c: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
     "(u − μ)·c + μ, μ each image's mean per channel."
     u = to_unit(x)
     m = u.mean((1, 2), keepdims=True)
     return to_uint8((u - m) * c + m)
 
-def saturate(x: np.ndarray, c, rngs=None) -> np.ndarray:
+def saturate(x: np.ndarray, c, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
     "HSV saturation · c[0] + c[1], clipped to [0, 1]."
     hsv = rgb_to_hsv(to_unit(x))
     hsv[..., 1] = np.clip(hsv[..., 1] * c[0] + c[1], 0, 1)
     return to_uint8(hsv_to_rgb(hsv))
 
-def pixelate(x: np.ndarray, c: float, rngs=None) -> np.ndarray:
+def pixelate(x: np.ndarray, c: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
     "PIL's BOX resize to ⌊c·W⌋ x ⌊c·H⌋ and back."
     N, H, W, _ = x.shape
     small = (int(W * c), int(H * c))
     return np.stack([np.asarray(Image.fromarray(a).resize(small, Image.BOX).resize((W, H), Image.BOX)) for a in x])
 
-def jpeg_compression(x: np.ndarray, c: int, rngs=None) -> np.ndarray:
+def jpeg_compression(x: np.ndarray, c: int, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
     "JPEG at quality c (torchvision's libjpeg-turbo; the reference's PIL gives the same pixels)."
     y = jpeg_roundtrip(torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2), int(c))
     return y.permute(0, 2, 3, 1).numpy()

@@ -17,7 +17,8 @@ from fastai.data.core import DataLoaders
 from fastai.data.load import DataLoader
 from fastai.data.transforms import CategoryMap
 
-from .core import IMAGENET_MEAN, IMAGENET_STD, check_choice, default_device, dist_info, image_rng, pbar
+from .core import (IMAGENET_MEAN, IMAGENET_STD, check_choice, default_device, dist_info, image_rng, pbar,
+                             shown_defaults)
 
 # %% auto #0
 __all__ = ['IMAGENET100_WNIDS', 'CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'IMG_EXTS', 'AUGS', 'log', 'NPZ_KEYS',
@@ -244,8 +245,8 @@ def _dist() -> tuple[int, int]: return dist_info()
 # %% ../nbs/03_data.ipynb #d7c1764b
 class ImageDL(DataLoader):
     "fastai `DataLoader` over an `ImageSplit`: one gather per batch for in-memory data, rank-sharded when distributed."
-    def __init__(self, dataset=None,          # the view of an ImageSplit the loader draws from
-                 bs: int = 64, shuffle: bool = False, drop_last: bool = False, device=None, num_workers: int = 0,
+    def __init__(self, dataset: _Items | None = None,  # the view of an ImageSplit the loader draws from
+                 bs: int = 64, shuffle: bool = False, drop_last: bool = False, device: str | torch.device | None = None, num_workers: int = 0,
                  **kwargs):                   # fastai DataLoader's other arguments (after_batch, pin_memory, ...)
         super().__init__(dataset, bs=bs, shuffle=shuffle, drop_last=drop_last, device=device, num_workers=num_workers, **kwargs)
     @property
@@ -265,11 +266,11 @@ class ImageDL(DataLoader):
         name = lambda y: self.vocab[int(y)] if self.vocab and y.ndim == 0 else y
         return [(x[i], *[name(y[i]) for y in ys]) for i in range(min(len(x), max_n))]
 
-    def show_batch(self, b=None, max_n: int = 9, ctxs=None, show: bool = True, unique: bool = False, **kwargs):
+    def show_batch(self, b: tuple | None = None, max_n: int = 9, ctxs: Sequence | None = None, show: bool = True, unique: bool = False, **kwargs):
         "Show images of a batch (the next one by default) with their labels: the augmented training images, for `dls.train`."
         return _show_images(self.decode_batch(b if b is not None else self.one_batch(), max_n), **kwargs)
 
-    def show_results(self, b, out, max_n: int = 9, ctxs=None, show: bool = True, **kwargs):
+    def show_results(self, b: tuple, out, max_n: int = 9, ctxs: Sequence | None = None, show: bool = True, **kwargs):
         "Show images with their target / predicted class (fastai's `Learner.show_results`)."
         items = self.decode_batch(b, max_n)
         pred = out[0] if isinstance(out, (tuple, list)) else out
@@ -317,9 +318,9 @@ class ImageLoaders(DataLoaders):
     n_inp = 1
     def __init__(self, *loaders,              # the ImageDL loaders: train, then valid
                  path: str | Path = '.',      # where fastai's export writes
-                 device=None):                # the device the batches go to
+                 device: str | torch.device | None = None):  # the device the batches go to
         super().__init__(*loaders, path=path, device=device)
-    def test_dl(self, test_items, rm_type_tfms=None, with_labels: bool = False, bs: int | None = None, **kwargs) -> ImageDL:
+    def test_dl(self, test_items, rm_type_tfms: int | None = None, with_labels: bool = False, bs: int | None = None, **kwargs) -> ImageDL:
         "A loader over new images (uint8 tensors, PIL images or file paths), evaluated like the validation split."
         v, test_items = self.valid, list(test_items)
         labels = torch.tensor([int(o[1]) for o in test_items]) if with_labels else torch.zeros(len(test_items), dtype=torch.long)
@@ -329,6 +330,7 @@ class ImageLoaders(DataLoaders):
         return ImageDL(items, bs=bs or v.bs, shuffle=False, drop_last=False, device=self.device, after_batch=v.after_batch)
 
 # %% ../nbs/03_data.ipynb #9fb82bdd
+@shown_defaults
 @dataclass
 class ImageData:
     "A classification dataset: classes, model input size, normalisation and train/valid splits (see `dls`, `valid_uint8`)."

@@ -29,7 +29,7 @@ class EvalData:
     "The evaluation sets of one dataset, each built once: the clean and shifted uint8 sets (`sets`), the normalised SSDC batches."
     def __init__(self, data: ImageData,
                  ssdc_images: int = 1000,                # exactly this many images (all when the split is smaller)
-                 eval_bs: int = 256, device=None,
+                 eval_bs: int = 256, device: str | torch.device | None = None,
                  cache_dir: str | Path | None = None,    # shifted sets are also kept here, for the next process
                  sample_seed: int = 0):                  # seed of the class-stratified SSDC sample
         self.data, self.eval_bs = data, eval_bs
@@ -59,7 +59,7 @@ class EvalData:
 
 # %% ../nbs/09b_evaluate.ipynb #79ed8cfd
 def _shift_rows(df: pd.DataFrame, **meta) -> list[dict]:
-    "`robustness.evaluate_shifts` rows -> results rows (accuracy for every set, fragility for the shifted ones)."
+    "`evaluate_shifts` rows -> results rows (accuracy for every set, fragility for the shifted ones)."
     rows = []
     for r in df.itertuples():
         shift, sev = ('clean', '') if r.shift == 'clean' else (r.kind, str(r.severity))

@@ -116,7 +116,7 @@ def apply_token_perm(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor: # (B,
 
 # %% ../nbs/01b_hooks.ipynb #08144758
 class TokenPermutation:
-    "Forward hook on the patch embedding of `model` (or its `anatomy.rpi_entries`) that permutes the patch tokens (before CLS and the PE are added)."
+    "Forward hook on the patch embedding of `model` (or its `rpi_entries`) that permutes the patch tokens (before CLS and the PE are added)."
     def __init__(self,
                  model: nn.Module,
                  mode: str = 'batch',               # one of PERM_MODES (see the table above)

@@ -7,16 +7,19 @@ from __future__ import annotations
 import errno, json, os, shutil, tempfile
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from torch import nn
 import timm
 
 from .core import check_model_name, current_umask, disk_error
 from .anatomy import anatomy
+from .results import peak_rpi
 from .rundir import hub_files
 import pe_anchors.vit  # noqa: F401   (registers the pe_vit_* models that checkpoints name)
 
 # %% auto #0
-__all__ = ['save_checkpoint', 'load_checkpoint', 'save_hub']
+__all__ = ['save_checkpoint', 'load_checkpoint', 'save_hub', 'run_card']
 
 # %% ../nbs/02a_hub.ipynb #b0e14a8f
 def _model_id(model: nn.Module) -> tuple[str, dict]:
@@ -139,7 +142,47 @@ def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.c
         try: os.replace(tmp, out)                                  # complete or absent, never half written
         except OSError as e:                                       # an empty mount point cannot be renamed onto: filled
             if e.errno not in (errno.EBUSY, errno.EXDEV): raise
-            for p in tmp.iterdir(): shutil.move(str(p), str(out / p.name))
+            try:
+                for p in tmp.iterdir(): shutil.move(str(p), str(out / p.name))
+            except BaseException as e2:                            # e.g. the mount is full: left empty, as it was
+                for p in out.iterdir(): shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+                full = disk_error(OSError(e2.errno, e2.strerror), out) if isinstance(e2, OSError) else None
+                if full is None: raise
+                raise full from e2
     finally:
         if tmp.exists(): shutil.rmtree(tmp)
     return out
+
+# %% ../nbs/02a_hub.ipynb #9faa31f0
+def _card_from_results(df: pd.DataFrame) -> dict:
+    "Model-card rows from a run's results table: clean accuracy, fragility, SSDC per layer, ΔSSDC and the RPI peak."
+    t = df[(df.stage == 'trained') & df['sweep'].isna()] if 'sweep' in df else df[df.stage == 'trained']
+    t = t[(t.alpha == 1) | t.alpha.isna()]
+    one = lambda **kw: t.loc[np.logical_and.reduce([t[k] == v for k, v in kw.items()]), 'value']
+    card = {}
+    for (metric, shift), label in (('acc', 'clean'), 'clean accuracy'), (('fs', 'jpeg'), 'JPEG fragility (q 5)'), \
+                                  (('fs', 'blur'), 'blur fragility'):
+        v = one(metric=metric, shift=shift)
+        if metric == 'fs': v = t.loc[(t.metric == 'fs') & (t['shift'] == shift) & (t.severity.astype(str) == 'paper'), 'value']
+        if len(v): card[label] = round(float(v.iloc[0]), 4)
+    rpi = next((m for m in t['mode'].dropna().unique() if m != 'normal'), None)
+    for mode, label in (('normal', 'SSDC by layer'), (rpi, f'SSDC under {rpi} by layer')):
+        c = t[(t.metric == 'ssdc') & (t['mode'] == mode)].sort_values('layer')
+        if mode and len(c): card[label] = ' '.join(f"{v:.3f}" for v in c.value)
+    d = one(metric='delta_ssdc')
+    if len(d): card['ΔSSDC (RPI)'] = round(float(d.iloc[0]), 4)
+    pk = peak_rpi(t)
+    if len(pk): card['peak RPI-SSDC (layer)'] = f"{pk.value.iloc[0]:.3f} ({int(pk.layer.iloc[0])})"
+    return card
+
+def run_card(cfg: dict, df: pd.DataFrame | None = None, title: str | None = None) -> dict:
+    "A model card from a run's training config (condition, data, recipe, seed) and its results table."
+    data, recipe = cfg.get('data') or {}, cfg.get('recipe') or {}
+    card = dict(title=title) if title else {}
+    if cfg.get('condition'): card['condition'] = cfg['condition']
+    if data: card['data'] = f"{data.get('builder', '?')} at {data.get('img_size', '?')} px"
+    if recipe: card['recipe'] = ', '.join(f"{k} {recipe[k]}" for k in ('epochs', 'bs', 'lr', 'wd', 'model_style') if k in recipe)
+    if 'seed' in cfg: card['seed'] = cfg['seed']
+    if df is not None and len(df): card.update(_card_from_results(df))
+    return card
+

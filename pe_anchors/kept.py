@@ -14,21 +14,18 @@ import timm
 import torch
 from torch import nn
 
-from .core import (CONDITIONS, PADDING_MODES, check_choice, check_offline, code_version, condition_spec,
-                             hardware_info, hub_name, pbar, read_json, run_perm_seed, write_atomic)
+from .core import (CONDITIONS, PADDING_MODES, check_choice, check_model_name, code_version, condition_spec,
+                             hardware_info, pbar, read_json, run_perm_seed, write_atomic)
 from .anatomy import model_family
 from .results import (KEY_COLUMNS, check_runs, concat_results, fragility, gather, main_rows, read_results,
                                 result_row, ssdc_metric, with_peak_rpi, write_results)
 from .data import ImageData
-from .hub import load_checkpoint, save_hub
-from .learner import get_recipe
-from .interventions import peg_padding, position_signal_ratio, ssdc_trajectories
-from .robustness import evaluate_accuracy, make_shift
+from .hub import load_checkpoint, run_card, save_hub
+from .learner import init_model
 from .rundir import (RUN_FORMS, ExperimentDir, RunDir, TrainDir, find_run, hub_files, is_hub_folder, recover,
                                staging, swap_in)
 from .config import Experiment, experiment_of
 from .evaluate import EvalData, check_sample, evaluate_model, experiment_eval
-from .sweep import init_model, run_card
 
 # %% auto #0
 __all__ = ['load_trained', 'load_run_model', 'kept_runs', 'KeptRun', 'load_kept', 'keep_runs', 'reevaluate', 'compare_results',
@@ -39,9 +36,10 @@ def _load_hub(hub: Path, map_location: str) -> nn.Module:
     "The model of a Hub folder, built by timm from its config (`local-dir:`), offline unless the network is allowed."
     cfg_file, weights = hub_files(hub)
     arch = read_json(cfg_file).get('architecture')
-    if hub_name(arch): check_offline(f"the model {arch} (from the Hugging Face Hub) would be downloaded", str(cfg_file))
-    if not timm.is_model(arch): raise ValueError(f"{cfg_file} names model {arch!r}, which this timm ({timm.__version__}) "
-                                                 "does not know; import the library that registers it")
+    if not isinstance(arch, str) or (':' not in arch and not timm.is_model(arch)):
+        raise ValueError(f"{cfg_file} names model {arch!r}, which this timm ({timm.__version__}) does not know; "
+                         "import the library that registers it")
+    check_model_name(arch, where=str(cfg_file))              # the one network gate (every spelling of a Hub name)
     try: model = timm.create_model(f'local-dir:{hub}', pretrained=True)
     except Exception as e:                                   # e.g. a pickle renamed model.safetensors
         raise ValueError(f"{weights} does not load as this folder's model ({type(e).__name__}: "

@@ -4,473 +4,50 @@
 
 # %% ../nbs/05_learner.ipynb #ad78b366
 from __future__ import annotations
-import csv, io, json, math, os, random, shutil, tempfile, time, warnings
-from dataclasses import dataclass, asdict, replace
-from functools import partial
+import json, math, os, time, warnings
+from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 import timm
-from fastai.callback.core import Callback, CancelFitException
-from fastai.callback.progress import CSVLogger, ProgressCallback
-from fastai.callback.tracker import EarlyStoppingCallback, SaveModelCallback
+from fastai.callback.core import Callback
+from fastai.callback.progress import ProgressCallback
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from fastai.callback.channelslast import ChannelsLast
 import fastai.callback.schedule  # noqa: F401  (adds Learner.fit_one_cycle)
 from fastai.learner import Learner
 from fastai.metrics import accuracy
-from fastai.optimizer import OptimWrapper
 from fastai.torch_core import set_seed
-from fastcore.basics import noop, patch
+from fastcore.basics import noop
 
-from .core import (RECIPES, Recipe, auto_threads, check_choice, check_model_name, check_offline,
-                             condition_model_kwargs, condition_spec, cpu_info, current_umask, disk_error, dist_info, env_int,
-                             hardware_info, read_json, recipe_changes, set_threads, sync, unwrap_model, write_atomic,
-                             show_progress as _show_progress)
-from .rundir import CHECKPOINT_TMP, TrainDir, config_diff
-from .anatomy import anatomy, model_family, position_parameters
-from .vit import MODEL_STYLES
-from .hub import save_checkpoint
-from .data import AUGS, ImageData, get_data
+from .core import (CALLBACKS, RECIPES, Recipe, auto_threads, check_model_name, condition_model_kwargs, condition_spec,
+                             cpu_info, hardware_info, read_json, recipe_changes, set_threads, show_progress as _show_progress)
+from .rundir import TrainDir
+from .anatomy import anatomy, model_family
+from .data import ImageData, get_data
 from .callback.permute import RPT
+from .recipes import (OPTIMIZERS, PARAM_KINDS, LayerGroupOptimWrapper, SoftTargetCE, get_recipe, make_optimizer,
+                                param_groups, pe_splitter, wd_param_groups)
+from .recorder import EarlyStopping, RunCSV, RunRecorder, SaveModel, Snapshots, run_recorder, snapshot_epochs
+from .distributed import DIST_TIMEOUT_ENV, DDP, init_distributed
+from .trackers import WANDB_LOCAL, make_callbacks, tensorboard_callback, wandb_callback
+
+# the parts the learner is built from, importable from here as before (each defined on its own page)
+_all_ = ['Recipe', 'RECIPES', 'recipe_changes', 'CALLBACKS', 'OPTIMIZERS', 'PARAM_KINDS', 'get_recipe', 'SoftTargetCE', 'wd_param_groups',
+         'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'make_optimizer', 'RunRecorder', 'snapshot_epochs',
+         'Snapshots', 'run_recorder', 'RunCSV', 'SaveModel', 'EarlyStopping', 'DIST_TIMEOUT_ENV', 'init_distributed', 'DDP',
+         'WANDB_LOCAL', 'tensorboard_callback', 'wandb_callback', 'make_callbacks']
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'PARAM_KINDS', 'DIST_TIMEOUT_ENV', 'DEFAULT_MODELS', 'CALLBACKS', 'WANDB_LOCAL', 'get_recipe',
-           'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'RunRecorder',
-           'snapshot_epochs', 'Snapshots', 'init_distributed', 'DDP', 'Progress', 'run_recorder', 'RunCSV', 'SaveModel',
-           'EarlyStopping', 'tensorboard_callback', 'wandb_callback', 'make_callbacks', 'DivergenceWarning',
-           'EpochLines', 'learner_device', 'default_model', 'build_model', 'set_data_config', 'check_batch_size',
-           'make_dls', 'make_optimizer', 'fit_callbacks', 'run_config', 'run_threads', 'set_logging', 'open_run',
-           'pe_learner', 'fit_recipe', 'train', 'Recipe', 'RECIPES', 'recipe_changes']
-
-# %% ../nbs/05_learner.ipynb #fa871433
-_all_ = ['Recipe', 'RECIPES', 'recipe_changes']           # declared in `core` (as data every reader can import), used here
-OPTIMIZERS = ('adamw', 'adam')                            # a recipe's `opt`: decoupled weight decay, or torch Adam's coupled L2
-
-def get_recipe(recipe: str | Recipe = 'fast', **overrides) -> Recipe:
-    "A recipe by name (`RECIPES`) or as given, with field `overrides` (unknown names raise)."
-    r = RECIPES[check_choice('recipe', recipe, RECIPES)] if isinstance(recipe, str) else recipe
-    bad = set(overrides) - set(Recipe.__dataclass_fields__)
-    if bad: raise ValueError(f"unknown recipe field(s) {sorted(bad)}; valid: {', '.join(Recipe.__dataclass_fields__)}")
-    r = replace(r, **overrides)
-    for name in ('epochs', 'bs'):
-        v = getattr(r, name)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1: raise ValueError(f"recipe {name} must be an int >= 1, got {v!r}")
-    for name in ('lr', 'pe_lr_mult', 'div', 'div_final'):
-        v = getattr(r, name)
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0: raise ValueError(f"recipe {name} must be > 0, got {v!r}")
-    if not (0 <= r.wd < 1 and 0 <= r.label_smoothing < 1 and 0 < r.pct_start < 1):
-        raise ValueError(f"recipe wd and label_smoothing must be in [0, 1) and pct_start in (0, 1), got {r.wd}, "
-                         f"{r.label_smoothing}, {r.pct_start}")
-    check_choice('model style', r.model_style, MODEL_STYLES)
-    check_choice('optimizer', r.opt, OPTIMIZERS)
-    if r.aug is not None: check_choice('augmentation', r.aug, AUGS)
-    if r.mixup is not None:                                   # timm's Mixup arguments, checked before anything is built
-        import inspect
-        from timm.data import Mixup
-        valid = list(inspect.signature(Mixup).parameters)
-        bad = sorted(set(r.mixup) - set(valid)) if isinstance(r.mixup, dict) else None
-        if bad is None or bad: raise ValueError(f"recipe mixup must be a mapping of timm.data.Mixup arguments ({', '.join(valid)}), "
-                                                f"got {f'the unknown argument(s) {bad}' if bad else repr(r.mixup)}")
-    return r
-
-
-# %% ../nbs/05_learner.ipynb #173b9a70
-class SoftTargetCE(nn.Module):
-    "Cross-entropy for class targets `(B,)` (with `label_smoothing`) or soft targets `(B, K)` (mixup / cutmix)."
-    def __init__(self, label_smoothing: float = 0., reduction: str = 'mean'):
-        super().__init__()
-        self.label_smoothing, self.reduction = label_smoothing, reduction    # fastai sets reduction='none' for losses
-    def forward(self, pred: torch.Tensor, targ: torch.Tensor) -> torch.Tensor:
-        if targ.ndim == pred.ndim: loss = -(targ * F.log_softmax(pred.float(), -1)).sum(-1)
-        else: loss = F.cross_entropy(pred.float(), targ, label_smoothing=self.label_smoothing, reduction='none')
-        return loss.mean() if self.reduction == 'mean' else loss.sum() if self.reduction == 'sum' else loss
-    def activation(self, x): return F.softmax(x, dim=-1)
-    def decodes(self, x): return x.argmax(dim=-1)
-
-def wd_param_groups(model: nn.Module) -> list[list[nn.Parameter]]:
-    "`[decayed, not decayed]`; not decayed = biases, norms (ndim <= 1) and `model.no_weight_decay()`."
-    skip = set(getattr(model, 'no_weight_decay', lambda: set())())
-    decay, no_decay = [], []
-    for n, p in model.named_parameters():
-        if not p.requires_grad: continue
-        (no_decay if p.ndim <= 1 or n in skip else decay).append(p)
-    return [g for g in (decay, no_decay) if g]
-
-PARAM_KINDS = ('body', 'body_no_wd', 'position', 'head', 'head_no_wd')   # the optimiser's parameter groups, in order
-
-def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
-    "The non-empty groups of `PARAM_KINDS`: body/head (the classifier) x decayed/not, and the position parameters."
-    skip = set(getattr(model, 'no_weight_decay', lambda: set())())
-    head = getattr(model, 'get_classifier', lambda: None)()
-    head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
-    position = {id(p) for p in position_parameters(model)}              # the model's anatomy says which
-    out = {k: [] for k in PARAM_KINDS}
-    for n, p in model.named_parameters():
-        if id(p) in head_ids: kind = 'head_no_wd' if p.ndim <= 1 else 'head'
-        elif id(p) in position: kind = 'position'
-        else: kind = 'body_no_wd' if p.ndim <= 1 or n in skip else 'body'
-        out[kind].append(p)
-    return {k: v for k, v in out.items() if v}
-
-def pe_splitter(model: nn.Module) -> list[list[nn.Parameter]]:
-    "fastai splitter: the parameter lists of `param_groups`, in `PARAM_KINDS` order."
-    return list(param_groups(model).values())
-
-class LayerGroupOptimWrapper(OptimWrapper):
-    "fastai `OptimWrapper` whose torch groups are parts of two layer groups, body and head: `freeze()` trains the head only."
-    def __init__(self, params, opt, kinds: Sequence[str], **kwargs):
-        super().__init__(params, opt, **kwargs)
-        self.layer_of = [1 if k.startswith('head') else 0 for k in kinds]   # layer group of each torch group
-    def freeze_to(self, n: int):
-        "Freeze the layer groups before `n` (0: nothing, -1 or 1: the body): fastai's `freeze` / `unfreeze`."
-        self.frozen_idx = n if n >= 0 else 2 + n
-        for lg, pl in zip(self.layer_of, self.param_lists):
-            for p in pl: p.requires_grad_(lg >= self.frozen_idx or self.state[p].get('force_train', False))
-
-# %% ../nbs/05_learner.ipynb #94b1329e
-def _rng_state(learn) -> dict:
-    "Every random state a resumed run needs, in types `torch.load(weights_only=True)` accepts."
-    name, key, pos, has_gauss, gauss = np.random.get_state()
-    return dict(python=random.getstate(), numpy=(name, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss),
-                torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                dls=[dl.rng.getstate() for dl in learn.dls.loaders])
-
-def _set_rng_state(learn, s: dict):
-    random.setstate(s['python']); torch.set_rng_state(s['torch'])
-    name, key, *rest = s['numpy']
-    np.random.set_state((name, np.asarray(key, dtype=np.uint32), *rest))
-    if s['cuda'] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s['cuda'])
-    for dl, st in zip(learn.dls.loaders, s['dls']): dl.rng.setstate(st)
-
-def _plain(o):
-    "Numpy scalars and arrays inside nested containers as Python numbers and tensors (what `weights_only` loads)."
-    if isinstance(o, dict): return {k: _plain(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)): return type(o)(_plain(v) for v in o)
-    if isinstance(o, np.generic): return o.item()
-    if isinstance(o, np.ndarray): return torch.from_numpy(o)
-    return o
-
-def _load_state(path: Path) -> dict:
-    "Read a `state.pt` without executing code (`weights_only`); numpy values of older checkpoints are allowed as data."
-    ma = getattr(np, '_core', None) or np.core
-    safe = [np.ndarray, np.dtype, ma.multiarray._reconstruct, ma.multiarray.scalar]
-    safe += [type(np.dtype(t)) for t in ('f8', 'f4', 'i8', 'i4', 'u4', 'u1', '?')]
-    with torch.serialization.safe_globals(safe):
-        return torch.load(path, map_location='cpu', weights_only=True)
-
-
-# %% ../nbs/05_learner.ipynb #875245a8
-def _read_metrics(path: Path) -> list[dict]:
-    "The rows of a run's metrics.csv; a torn row (missing fields) is an error naming the file."
-    if not path.exists(): return []
-    with path.open() as f: rows = list(csv.DictReader(f))
-    for i, r in enumerate(rows):
-        if None in r.values() or None in r: raise ValueError(f"{path} is torn at row {i + 1}; delete it and resume=False")
-    return rows
-
-def _misfit(weights: dict, model: nn.Module) -> str:
-    "How a checkpoint's weights fail to fit `model` ('' when they fit): missing or extra keys, other shapes."
-    want = {k: tuple(v.shape) for k, v in unwrap_model(model).state_dict().items()}
-    missing, extra = sorted(set(want) - set(weights)), sorted(set(weights) - set(want))
-    shapes = sorted(k for k in set(want) & set(weights) if tuple(weights[k].shape) != want[k])
-    return '; '.join(f"{what} key(s) {', '.join(ks[:3])}{' ...' if len(ks) > 3 else ''}"
-                     for what, ks in (('missing', missing), ('extra', extra), ('other shape of', shapes)) if ks)
-
-def _save_model(model: nn.Module, path: Path, where: Path, **kw):
-    "`save_checkpoint`, with a full or read-only disk raised as the `OSError` it is, naming `where` (safetensors wraps it)."
-    try: return save_checkpoint(model, path, **kw)
-    except Exception as e:
-        full = disk_error(e, where)
-        if full is None: raise
-        raise full from e
-
-def _write_metrics(path: Path, rows: list[dict]):
-    buf = io.StringIO()
-    if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0])); w.writeheader(); w.writerows(rows)
-    write_atomic(path, buf.getvalue())
-
-# %% ../nbs/05_learner.ipynb #e1e8898e
-class RunRecorder(Callback):
-    "Write a run directory (config, per-epoch metrics, checkpoints, final model) and resume from it: one of `learn.cbs` from the start."
-    order = 65                                                    # after fastai's Recorder (50) and ProgressCallback (60)
-    def __init__(self, run_dir: str | Path, config: dict, keep: int = 2):
-        self.dir, self.config, self.keep = TrainDir(run_dir), config, max(1, keep)
-        self.start_epoch, self.done, self._resume, self._lock = 0, 0, None, None
-        self.stopped = self.stop_after_epoch = False               # a callback ended / asks to end the fit (early stopping)
-
-    @property
-    def run_dir(self) -> Path:
-        "The run directory."
-        return self.dir.path
-
-    def clear(self):
-        "Start over: delete the checkpoints, metrics and final files of an earlier run in `run_dir` (holding its lock)."
-        if not self.run_dir.is_dir(): return
-        with self.dir.lock() as lock:                                  # never under another process that trains it
-            if not lock.acquired: raise ValueError(f"{self.run_dir} is being trained by another process; wait for it "
-                                                   "or use another directory (nothing was deleted)")
-            self.dir.clear()
-
-    def prepare_resume(self, model: nn.Module | None = None) -> int:
-        "Check the saved config, find the newest checkpoint that reads back whole and fits `model`; returns the first epoch to train."
-        if self.dir.config.exists():
-            diff = config_diff(read_json(self.dir.config), self.config, defaults=asdict(Recipe()))
-            if diff: raise ValueError(f"{self.run_dir} holds a different run (differs in {diff}); "
-                                      "use another run directory, or resume=False (--restart) to start over")
-        if self.run_dir.is_dir():
-            with self.dir.lock() as lock:                              # not while another process writes the run
-                if lock.acquired: self.dir.remove_leftovers()
-        from safetensors.torch import load_file
-        for ck in reversed(self.dir.checkpoints()):                  # newest first; a damaged one falls back
-            w, st = self.dir.checkpoint_files(ck)
-            try: weights, state = load_file(str(w)), _load_state(st)
-            except Exception as e:
-                warnings.warn(f"checkpoint {ck} is unreadable ({type(e).__name__}: {str(e)[:80]}); trying an older one")
-                continue
-            misfit = _misfit(weights, model) if model is not None else ''
-            if misfit:
-                warnings.warn(f"checkpoint {ck} does not fit the model ({misfit}); trying an older one"); continue
-            self._resume = (ck, weights, state)
-            self.start_epoch = self.done = self.dir.checkpoint_epoch(ck) + 1
-            return self.start_epoch
-        return 0
-
-    def finished(self, n_epochs: int, model: nn.Module) -> bool:
-        """Whether the run has done its `n_epochs` already (or ended earlier, stopped by a callback such as early stopping,
-        as its `final.json` says): then its final weights are loaded into `model`. A damaged
-        `final.json`, or final weights that do not load while the last epoch's checkpoint is there, are dropped with a
-        warning (the next fit restores that checkpoint and writes them again): not finished."""
-        final = self.dir.final
-        if final.exists():
-            try: read_json(final)
-            except ValueError as e:                                  # a damaged final.json: recompute it from the run
-                warnings.warn(f"{e}; rebuilding it from the last checkpoint"); final.unlink()
-        rec = read_json(final) if final.exists() else {}
-        stop = rec.get('epochs') if rec.get('stopped_early') else None                    # early stopping ended it there
-        if not (final.exists() and self.done >= (n_epochs if stop is None else stop)): return False
-        from safetensors.torch import load_file
-        try: unwrap_model(model).load_state_dict(load_file(str(self.dir.model)))
-        except Exception as e:                                       # torn or foreign: rebuilt from the last checkpoint
-            ck = self._resume[0] if self._resume is not None else None
-            if ck is None: raise ValueError(f"{self.dir.model} does not load ({type(e).__name__}) and no checkpoint of the "
-                                            "last epoch is left to rebuild it; resume=False (--restart) trains the run again") from None
-            warnings.warn(f"{self.dir.model} does not load ({type(e).__name__}: {str(e)[:60]}); rebuilt from {ck}")
-            final.unlink(); return False
-        return True
-
-    def before_fit(self):
-        "Lock the run directory, write the config, keep the metrics of the finished epochs, restore the checkpoint."
-        if self.learn.lock.locked() or hasattr(self.learn, 'lr_finder') or hasattr(self.learn, 'gather_preds'):
-            self.run = False; return         # `validate` / `get_preds` (fastai sends them the fit's events) and `lr_find`
-        self.is_main = dist_info()[0] == 0
-        if self.is_main:
-            self._lock = self.dir.lock().__enter__()
-            if not self._lock.acquired:
-                raise ValueError(f"{self.run_dir} is being trained by another process; wait for it or use another directory")
-            self.dir.remove_leftovers()
-            write_atomic(self.dir.config, json.dumps(self.config, indent=2))
-            self._keep_metrics()
-        if self._resume is not None:
-            ck, weights, st = self._resume
-            unwrap_model(self.learn.model).load_state_dict({k: v.to(self.dls.device) for k, v in weights.items()})
-            self.learn.opt.load_state_dict(st['opt'])
-            for name, s in st['cbs'].items():                          # the state of callbacks that keep one
-                if getattr(self.learn, name, None) is not None: getattr(self.learn, name).load_state_dict(s)
-            _set_rng_state(self.learn, st['rng'])
-            sl = self.learn.recorder.smooth_loss                     # the train_loss column is fastai's smoothed loss
-            sl.val, sl.count = st['smooth_loss']
-            self._resume = None                                      # restored once: a later fit goes on from here
-        self._old_logger, self.t_fit, self.train_time, self.train_imgs = None, time.perf_counter(), 0., 0
-        self.stopped = self.stop_after_epoch = False
-
-    def _keep_metrics(self):
-        "metrics.csv: the rows of the epochs before `start_epoch`, restored from the checkpoint where they are missing."
-        p = self.dir.metrics
-        rows = _read_metrics(p)
-        keep = [r for r in rows if int(r['epoch']) < self.start_epoch]
-        lost = sorted(set(range(self.start_epoch)) - {int(r['epoch']) for r in keep})
-        if lost and self._resume is not None:
-            saved = [r for r in self._resume[2].get('metrics') or [] if int(r['epoch']) < self.start_epoch]
-            span = f"epochs {lost[0]}..{lost[-1]}" if len(lost) > 1 else f"epoch {lost[0]}"
-            if {int(r['epoch']) for r in saved} >= set(lost):
-                keep = saved; warnings.warn(f"{p} lacked the rows of {span}; restored them from {self._resume[0]}")
-            else: warnings.warn(f"{p} lacks the rows of {span} and the checkpoint does not hold them: that history is lost")
-        if keep != rows: _write_metrics(p, keep)
-
-
-# %% ../nbs/05_learner.ipynb #45d2a824
-@patch
-def before_epoch(self: RunRecorder):
-    "Start the epoch's clock (and silence the logger for epochs a resumed run skips)."
-    if self.epoch < self.start_epoch:                           # skipped by fastai's SkipToEpoch: print nothing
-        self._old_logger, self.learn.logger = self.learn.logger, noop
-    self.t_epoch = time.perf_counter()
-
-@patch
-def before_train(self: RunRecorder):
-    "Start the training clock (after the device has finished queued work)."
-    sync(self.dls.device); self.t_train, self.n_imgs = time.perf_counter(), 0
-
-@patch
-def after_batch(self: RunRecorder):
-    "Count the images trained on."
-    if self.training: self.n_imgs += self.learn.xb[0].shape[0]
-
-@patch
-def after_train(self: RunRecorder):
-    "Stop the training clock: the epoch's images per second."
-    sync(self.dls.device); dt = time.perf_counter() - self.t_train
-    self.epoch_img_s = self.n_imgs / max(dt, 1e-9)
-    self.train_time += dt; self.train_imgs += self.n_imgs
-
-@patch
-def after_epoch(self: RunRecorder):
-    "Append the epoch's metrics row (refusing non-finite losses or weights) and write its checkpoint."
-    if self.epoch < self.start_epoch:
-        self.learn.logger = self._old_logger; return
-    if not self.is_main: return
-    rec = self.learn.recorder
-    row = dict(epoch=self.epoch, **dict(zip(rec.metric_names[1:-1], rec.log[1:-1])),
-               lr=self.opt.hypers[0]['lr'], time_s=round(time.perf_counter() - self.t_epoch, 3),
-               train_img_s=round(self.epoch_img_s, 1))
-    row = {k: (float(v) if isinstance(v, (float, np.floating, torch.Tensor)) else v) for k, v in row.items()}
-    bad = [k for k in ('train_loss', 'valid_loss') if k in row and not math.isfinite(row[k])]
-    if bad or not all(torch.isfinite(p).all() for p in self.learn.model.parameters()):
-        raise ValueError(f"training diverged at epoch {self.epoch} ({', '.join(bad) or 'weights'} not finite); "
-                         f"the last good checkpoint is kept in {self.run_dir}: lower the learning rate and resume=False")
-    _write_metrics(self.dir.metrics, _read_metrics(self.dir.metrics) + [{k: str(v) for k, v in row.items()}])
-    self.write_checkpoint()
-    self.done = self.epoch + 1
-    if self.stop_after_epoch: raise CancelFitException()          # a callback's stop (early stopping), the epoch written
-
-# %% ../nbs/05_learner.ipynb #916feac1
-@patch
-def write_checkpoint(self: RunRecorder):
-    "Write `checkpoints/epoch_NNN` atomically (a unique temporary folder renamed) and keep the newest `keep`."
-    d = self.dir.checkpoints_dir; d.mkdir(parents=True, exist_ok=True)
-    final, tmp = self.dir.checkpoint(self.epoch), Path(tempfile.mkdtemp(dir=d, prefix=CHECKPOINT_TMP.format(self.epoch)))
-    os.chmod(tmp, 0o777 & ~current_umask())                       # mkdtemp makes it private
-    (weights, state), (final_weights, final_state) = self.dir.checkpoint_files(tmp), self.dir.checkpoint_files(final)
-    try:
-        _save_model(unwrap_model(self.learn.model), weights, final_weights, extra=dict(epoch=self.epoch))
-        cbs = {cb.name: cb.state_dict() for cb in self.learn.cbs if callable(getattr(type(cb), 'state_dict', None))}
-        sl = self.learn.recorder.smooth_loss
-        try:
-            with open(state, 'wb') as f:
-                torch.save(_plain(dict(epoch=self.epoch, opt=self.learn.opt.state_dict(), rng=_rng_state(self.learn),
-                                       cbs=cbs, smooth_loss=(sl.val, sl.count),
-                                       metrics=_read_metrics(self.dir.metrics))), f)   # the history so far
-                f.flush(); os.fsync(f.fileno())
-        except OSError as e:
-            full = disk_error(e, final_state)
-            if full is None: raise
-            raise full from e
-        shutil.rmtree(final, ignore_errors=True); tmp.rename(final)
-    finally: shutil.rmtree(tmp, ignore_errors=True)
-    for old in self.dir.checkpoints()[:-self.keep]: shutil.rmtree(old)
-
-@patch
-def after_fit(self: RunRecorder):
-    "Write the final files when the last epoch is done, then release the run's lock."
-    try:
-        if self.is_main and (self.epoch + 1 >= self.n_epoch or self.stopped): self.write_final()
-        import torch.distributed as dist
-        if dist_info()[1] > 1: dist.barrier()                                  # other ranks then read final.json
-    finally:
-        if self._lock is not None: self._lock.__exit__(); self._lock = None
-
-@patch
-def after_cancel_fit(self: RunRecorder):
-    "A callback ended the fit (early stopping): the run is finished where it stopped, with its final files."
-    self.stopped = True
-
-@patch
-def write_final(self: RunRecorder) -> dict:
-    "Save the final weights and `final.json` (metrics of the last epoch, timing, hardware)."
-    rows = _read_metrics(self.dir.metrics)
-    last = rows[-1] if rows else {}
-    _save_model(unwrap_model(self.learn.model), self.dir.model, self.dir.model, extra=dict(epoch=self.epoch))
-    final = dict(epochs=self.epoch + 1, accuracy=float(last.get('accuracy', 'nan')), valid_loss=float(last.get('valid_loss', 'nan')),
-                 train_time_s=round(sum(float(r['time_s']) for r in rows), 2),
-                 train_img_s=round(float(np.mean([float(r['train_img_s']) for r in rows])), 1) if rows else None,
-                 hardware=hardware_info(self.dls.device))
-    if self.stopped: final.update(stopped_early=True, planned_epochs=self.n_epoch)   # a callback ended the fit (early stopping)
-    write_atomic(self.dir.final, json.dumps(final, indent=2))
-    return final
-
-# %% ../nbs/05_learner.ipynb #b2a4c1e1
-def snapshot_epochs(n_epochs: int, n: int = 6) -> list[int]:
-    "`n` evenly spaced epochs (0-based) of an `n_epochs` fit, the last one included: `round(k · n_epochs / n) - 1`, k = 1..n."
-    if n_epochs < 1 or n < 1: raise ValueError(f"snapshot_epochs needs n_epochs >= 1 and n >= 1, got {n_epochs}, {n}")
-    return sorted({max(0, round(k * n_epochs / n) - 1) for k in range(1, n + 1)})
-
-class Snapshots(Callback):
-    "Keep the weights after `n` evenly spaced epochs (or the given `epochs`) in the run directory's `snapshots/`."
-    order = RunRecorder.order - 1                                  # before the epoch's checkpoint marks it done
-    def __init__(self, n: int = 6, epochs: Sequence[int] | None = None): self.n, self.epochs = n, epochs
-    def before_fit(self):
-        "Choose the epochs (refused without a run directory to keep them in)."
-        self.rec = run_recorder(self.learn)
-        if self.rec is None or not self.rec.run: return
-        self.keep = set(self.epochs) if self.epochs is not None else set(snapshot_epochs(self.n_epoch, self.n))
-    def after_epoch(self):
-        "Save the weights if this epoch is one of them (atomic: `hub.save_checkpoint`)."
-        if self.rec is None or not self.rec.run or self.epoch < self.rec.start_epoch or self.epoch not in self.keep: return
-        if dist_info()[0] != 0: return
-        _save_model(unwrap_model(self.learn.model), self.rec.dir.snapshot(self.epoch), self.rec.dir.snapshots_dir,
-                    extra=dict(epoch=self.epoch))
-
-# %% ../nbs/05_learner.ipynb #b540144b
-DIST_TIMEOUT_ENV = 'PE_ANCHORS_DIST_TIMEOUT'    # seconds the ranks wait for each other to join (default 60)
-
-def init_distributed() -> tuple[int, int, int]:
-    """Join the process group described by the environment (torchrun / accelerate launch); returns (rank, world, local_rank).
-    Ranks that do not all join within `$PE_ANCHORS_DIST_TIMEOUT` seconds (60) fail in one line instead of waiting forever."""
-    import torch.distributed as dist
-    from datetime import timedelta
-    world = env_int('WORLD_SIZE', 1, lo=1)                    # each variable checked, named when it is wrong
-    if world <= 1: return 0, 1, 0
-    local = env_int('LOCAL_RANK', 0, lo=0)
-    if not dist.is_initialized():
-        launch = (f"start one process per rank with a launcher (torchrun --nproc_per_node {world} -m pe_anchors.cli "
-                  "train ...), or unset WORLD_SIZE to train in one process")
-        missing = [k for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK') if not os.environ.get(k)]
-        if missing: raise ValueError(f"WORLD_SIZE={world} is set but not {', '.join(missing)}: {launch}")
-        env_int('RANK', lo=0, hi=world - 1)
-        try: wait = float(os.environ.get(DIST_TIMEOUT_ENV) or 60)
-        except ValueError: wait = float('nan')
-        if not 0 < wait < float('inf'):
-            raise ValueError(f"{DIST_TIMEOUT_ENV} must be a number of seconds > 0, got {os.environ[DIST_TIMEOUT_ENV]!r}")
-        cuda = torch.cuda.is_available()
-        if cuda: torch.cuda.set_device(local)
-        try: dist.init_process_group('nccl' if cuda else 'gloo', timeout=timedelta(seconds=wait))
-        except dist.DistStoreError:
-            raise ValueError(f"rank {os.environ['RANK']} of WORLD_SIZE={world}: the other ranks did not join within {wait:g} s "
-                             f"({DIST_TIMEOUT_ENV} sets the wait): {launch}") from None
-        except dist.DistNetworkError as e:
-            raise ValueError(f"cannot reach or open MASTER_ADDR:MASTER_PORT = {os.environ['MASTER_ADDR']}:"
-                             f"{os.environ['MASTER_PORT']} ({(str(e).splitlines() or [''])[0][:80]}): {launch}") from None
-        dist.set_timeout(timedelta(minutes=10 if cuda else 30))    # collectives: torch's own defaults again
-    return dist.get_rank(), dist.get_world_size(), local
-
-class DDP(Callback):
-    "Wrap the model in `DistributedDataParallel` for the fit (the loaders shard themselves)."
-    order = 11
-    def __init__(self): pass                                       # no options (fastai's Callback takes every event name)
-    def before_fit(self):
-        import torch.distributed as dist
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return
-        dev = self.dls.device
-        self.learn.model = nn.parallel.DistributedDataParallel(
-            self.learn.model, device_ids=[dev.index] if dev.type == 'cuda' else None)
-    def after_fit(self):
-        if isinstance(self.learn.model, nn.parallel.DistributedDataParallel): self.learn.model = self.learn.model.module
+__all__ = ['DEFAULT_MODELS', 'Progress', 'DivergenceWarning', 'EpochLines', 'learner_device', 'default_model', 'build_model',
+           'set_data_config', 'check_batch_size', 'make_dls', 'fit_callbacks', 'run_config', 'run_threads',
+           'set_logging', 'open_run', 'pe_learner', 'init_model', 'fit_recipe', 'train', 'Recipe', 'RECIPES',
+           'recipe_changes', 'CALLBACKS', 'OPTIMIZERS', 'PARAM_KINDS', 'get_recipe', 'SoftTargetCE', 'wd_param_groups',
+           'param_groups', 'pe_splitter', 'LayerGroupOptimWrapper', 'make_optimizer', 'RunRecorder', 'snapshot_epochs',
+           'Snapshots', 'run_recorder', 'RunCSV', 'SaveModel', 'EarlyStopping', 'DIST_TIMEOUT_ENV', 'init_distributed',
+           'DDP', 'WANDB_LOCAL', 'tensorboard_callback', 'wandb_callback', 'make_callbacks']
 
 # %% ../nbs/05_learner.ipynb #870ae214
 DEFAULT_MODELS = {8: 'pe_vit_nano_patch1_8', 16: 'pe_vit_nano_patch2_16', 32: 'pe_vit_tiny_patch4_32',
@@ -482,138 +59,6 @@ class Progress(ProgressCallback):
     def after_batch(self):
         self.pbar.update(self.iter + 1)
         if self.iter % self.every == 0 and hasattr(self, 'smooth_loss'): self.pbar.comment = f'{self.smooth_loss.item():.4f}'
-
-CALLBACKS = {'csv': 'pe_anchors.learner:RunCSV', 'tensorboard': 'pe_anchors.learner:tensorboard_callback',
-             'wandb': 'pe_anchors.learner:wandb_callback', 'save_model': 'pe_anchors.learner:SaveModel',
-             'early_stopping': 'pe_anchors.learner:EarlyStopping', 'snapshots': 'pe_anchors.learner:Snapshots'}
-WANDB_LOCAL = ('offline', 'disabled', 'dryrun')   # WANDB_MODE values that keep a run's metrics on this machine
-
-def _numbers(hypers: list[dict]) -> dict:
-    "The optimiser's numeric hyper-parameters by `name_group` (torch's AdamW also holds None and flags)."
-    return {f'{k}_{i}': v for i, h in enumerate(hypers) for k, v in h.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-def run_recorder(learn: Learner) -> RunRecorder | None:
-    "The learner's `RunRecorder`, None when it writes no run directory."
-    return next((cb for cb in learn.cbs if isinstance(cb, RunRecorder)), None)
-
-class RunCSV(CSVLogger):
-    """fastai's `CSVLogger`: `history.csv` in the run directory (the learner's `path`); a resumed run keeps the rows of
-    the epochs it does not train again, and `validate` (which fastai sends the fit's events) leaves the file alone."""
-    def before_fit(self):
-        self.on = not (self.learn.lock.locked() or hasattr(self, 'gather_preds'))
-        if not self.on: return
-        rec, f = run_recorder(self.learn), self.path / self.fname
-        start = rec.start_epoch if rec is not None and rec.run else 0
-        rows = f.read_text().splitlines()[1:] if start and f.exists() else []
-        keep = [r for r in rows if r.split(',')[0].isdigit() and int(r.split(',')[0]) < start]
-        self.path.mkdir(parents=True, exist_ok=True); super().before_fit()   # the header
-        self.file.write(''.join(r + '\n' for r in keep))
-    def after_fit(self):
-        if self.on: super().after_fit()
-
-def _skipped(cb: Callback) -> bool:
-    "Whether the epoch is one a resumed run does not train again (fastai still sends it `after_epoch`, with nothing recorded)."
-    rec = run_recorder(cb.learn)
-    return rec is not None and rec.run and cb.epoch < rec.start_epoch
-
-class SaveModel(SaveModelCallback):
-    "fastai's `SaveModelCallback`: the best model so far in the run directory's `models/`, its best value kept in the run's checkpoints."
-    def state_dict(self) -> dict: return dict(best=float(self.best))
-    def load_state_dict(self, s: dict): self.best = s['best']
-    def after_epoch(self):
-        if not _skipped(self): super().after_epoch()
-
-class EarlyStopping(EarlyStoppingCallback):
-    """fastai's `EarlyStoppingCallback`, its state kept in the run's checkpoints; with a run directory, the stop it decides
-    is carried out by the run's recorder once the epoch is written (metrics, checkpoint): the run ends there, finished."""
-    order = RunRecorder.order - 2                                   # before the recorder saves its state
-    def after_epoch(self):
-        if _skipped(self): return
-        try: super().after_epoch()
-        except CancelFitException:
-            rec = run_recorder(self.learn)
-            if rec is None or not rec.run: raise
-            rec.stop_after_epoch = True
-    def state_dict(self) -> dict: return dict(best=float(self.best), wait=int(self.wait))
-    def load_state_dict(self, s: dict): self.best, self.wait = s['best'], s['wait']
-
-def _log_dir(learn, tracker: str | None = None) -> str | None:
-    "Where a tracker writes: its folder in the learner's run directory, or (None) the run directory itself; None without one."
-    run = run_recorder(learn)
-    return None if run is None else str(run.dir.logs(tracker) if tracker else run.run_dir)
-
-def tensorboard_callback() -> Callback:
-    """fastai's `TensorBoardCallback` into the run directory's `tensorboard/`: losses, metrics and the numeric optimiser
-    hyper-parameters per step (no graph trace, no prediction images). Needs `pip install tensorboard` (the `tracking` extra)."""
-    from fastai.callback.tensorboard import TensorBoardCallback
-    class TensorBoard(TensorBoardCallback):
-        def __init__(self): super().__init__(trace_model=False, log_preds=False)
-        def before_fit(self):
-            if self.log_dir is None: self.log_dir = _log_dir(self.learn, 'tensorboard')
-            super().before_fit()
-        def after_batch(self):
-            if not self.training: return
-            self.writer.add_scalar('train_loss', self.smooth_loss, self.train_iter)
-            for k, v in _numbers(self.opt.hypers).items(): self.writer.add_scalar(k, v, self.train_iter)
-        def after_fit(self):
-            if getattr(self, 'writer', None) is not None: self.writer.flush()
-            super().after_fit()
-    return TensorBoard()
-
-def wandb_callback() -> Callback:
-    """fastai's `WandbCallback`, starting the wandb run itself (project `$WANDB_PROJECT` or pe_anchors, files in the run
-    directory, the run's config) and finishing it after the fit; numeric hyper-parameters only, no prediction tables.
-    Online it sends the metrics to Weights & Biases: refused unless the network is allowed or `WANDB_MODE=offline`.
-    Needs `pip install wandb` (the `tracking` extra)."""
-    if os.environ.get('WANDB_MODE', '').lower() not in WANDB_LOCAL:
-        check_offline("the wandb callback would send the run's metrics to Weights & Biases (set WANDB_MODE=offline to keep "
-                      "them on disk)")
-    import wandb
-    from fastai.callback.wandb import WandbCallback
-    class Wandb(WandbCallback):
-        def __init__(self): super().__init__(log_preds=False); self._mine = False
-        def before_fit(self):
-            if wandb.run is None and dist_info()[0] == 0:
-                wandb.init(project=os.environ.get('WANDB_PROJECT', 'pe_anchors'), dir=_log_dir(self.learn),
-                           config=getattr(self.learn, 'config', None))
-                self._mine = True
-            super().before_fit()
-        def after_batch(self):
-            if not (self.training and self.run): return
-            self._wandb_step += 1; self._wandb_epoch += 1 / self.n_iter
-            wandb.log({'epoch': self._wandb_epoch, 'train_loss': float(self.smooth_loss), **_numbers(self.opt.hypers)},
-                      step=self._wandb_step)
-        def after_fit(self):
-            super().after_fit()
-            if self._mine: wandb.finish(); self._mine = False
-    return Wandb()
-
-def make_callbacks(names: Sequence[str] | None,
-                   allow_import: bool = False,   # also 'module:Class' (the user's own command line, never a file)
-                  ) -> list[Callback]:
-    "fastai callbacks by registered name (CALLBACKS, e.g. 'wandb'), or 'module:Class' if `allow_import`; built without arguments."
-    import importlib
-    out = []
-    for name in names or []:
-        if name in CALLBACKS: target = CALLBACKS[name]
-        elif ':' in name and allow_import: target = name
-        elif ':' in name:
-            raise ValueError(f"callback {name!r} is not a registered name ({', '.join(CALLBACKS)}): code is imported only when "
-                             "the command line asks for it (--cbs module:Class)")
-        else: raise ValueError(f"unknown callback {name!r}; use one of {', '.join(CALLBACKS)}, or module:Class with --cbs")
-        mod, cls = target.split(':', 1)
-        try:
-            obj = getattr(importlib.import_module(mod), cls)
-            factory = name in CALLBACKS and not isinstance(obj, type)      # a registered maker (imports its package)
-            if factory: out.append(obj()); continue
-        except ImportError as e: raise ValueError(f"callback {name!r} needs a package that is not installed ({e.name}); "
-                                                  f"pip install {e.name} (or pe_anchors[tracking])") from None
-        except AttributeError: raise ValueError(f"{mod} has no callback {cls!r}") from None
-        if not (isinstance(obj, type) and issubclass(obj, Callback)):
-            raise ValueError(f"callback {name!r} is not a fastai Callback (a subclass of fastai.callback.core.Callback)")
-        out.append(obj())
-    return out
 
 class DivergenceWarning(Callback):
     "Warn once when a loss or a weight stops being finite (a run directory's `RunRecorder` stops the fit instead)."
@@ -694,13 +139,6 @@ def make_dls(data: ImageData, recipe: Recipe, device: torch.device, world: int =
     return data.dls(recipe.bs, device=device, aug=recipe.aug, mixup=recipe.mixup,
                     channels_last=recipe.channels_last and device.type == 'cuda')
 
-def make_optimizer(net: nn.Module, recipe: Recipe, device: torch.device) -> tuple[partial, list[str]]:
-    "fastai `opt_func` of the recipe (AdamW or Adam over the `param_groups` of `net`; fused on CUDA unless set) and the groups' kinds."
-    fused = device.type == 'cuda' if recipe.fused is None else recipe.fused
-    topt = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}[check_choice('optimizer', recipe.opt, OPTIMIZERS)]
-    kinds = list(param_groups(net))
-    return partial(LayerGroupOptimWrapper, opt=partial(topt, betas=tuple(recipe.betas), eps=recipe.eps, fused=fused),
-                   kinds=kinds), kinds
 
 # %% ../nbs/05_learner.ipynb #881b8945
 def fit_callbacks(recipe: Recipe, device: torch.device,
@@ -717,7 +155,7 @@ def fit_callbacks(recipe: Recipe, device: torch.device,
 def run_config(condition: str, pe: str, rpt: bool, rpt_mode: str, model: str, model_kwargs: dict | None, data: ImageData,
                recipe: Recipe, seed: int, world: int, device: torch.device, threads: int | None = None) -> dict:
     """The JSON-able record of a run (`config.json`): what is trained, how and where (the torch threads it computes
-    with, the CPU: `core.cpu_info`); a resumed run must agree with it."""
+    with, the CPU: `cpu_info`); a resumed run must agree with it."""
     return dict(condition=condition, pe=pe, rpt=rpt, rpt_mode=rpt_mode if rpt else None, model=model,
                 model_kwargs=model_kwargs or {}, num_classes=data.c, data=data.spec or dict(name=data.name),
                 recipe=json.loads(json.dumps(asdict(recipe))), seed=seed, world_size=world, device=str(device),
@@ -796,6 +234,13 @@ def pe_learner(data: ImageData | str = 'digits',         # an ImageData, or a na
     if r.compile: net.compile()
     learn.recipe, learn.config = r, config
     return learn
+
+# %% ../nbs/05_learner.ipynb #d0039762
+def init_model(exp,                                # an Experiment (its recipe, model, model_kwargs and train_kwargs)
+               data: ImageData, condition: str, seed: int, device: str | torch.device | None = None) -> nn.Module:
+    "Run (condition, seed)'s model at initialisation, built as the run builds it (its seed, recipe, model and style)."
+    return pe_learner(data, condition, recipe=exp.recipe, seed=seed, model=exp.model, model_kwargs=exp.model_kwargs,
+                      device=device, show_progress=False, **exp.train_kwargs).model
 
 # %% ../nbs/05_learner.ipynb #94dbcaa8
 def fit_recipe(learn: Learner,

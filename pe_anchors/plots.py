@@ -4,7 +4,8 @@
 
 # %% ../nbs/10_plots.ipynb #3a054059
 from __future__ import annotations
-from typing import Sequence
+import zlib
+from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -13,13 +14,16 @@ from matplotlib.axes import Axes
 from .core import check_choice, condition_label, condition_order
 
 # %% auto #0
-__all__ = ['PAGE_WIDTH', 'condition_color', 'legend_below', 'band_entry', 'plot_ssdc', 'plot_fragility', 'plot_shift_curves']
+__all__ = ['PAGE_WIDTH', 'condition_colors', 'condition_color', 'legend_below', 'band_entry', 'plot_ssdc', 'plot_fragility',
+           'plot_shift_curves']
 
 # %% ../nbs/10_plots.ipynb #9c1f2e07
 PAGE_WIDTH = 8.          # inches: a figure this wide fills Quarto's default page column (about 800 px at 100 dpi)
 
-_PALETTE = {'ape': 'C0', 'spe': 'C1', 'rope': 'C2', 'nope': 'C3', 'rpt': 'C4', 'rope_mixed': 'C5', 'rpb': 'C6',
-            'ape_rope': 'C7', 'rope_dinov3': 'C8', 'peg': 'C9', 'alibi': '#222222',
+_PALETTE = {# the paper's conditions and the families beyond it: matplotlib's tab10, written out (no style changes them)
+            'ape': '#1f77b4', 'spe': '#ff7f0e', 'rope': '#2ca02c', 'nope': '#d62728', 'rpt': '#9467bd',
+            'rope_mixed': '#8c564b', 'rpb': '#e377c2', 'ape_rope': '#7f7f7f', 'rope_dinov3': '#bcbd22', 'peg': '#17becf',
+            'alibi': '#222222',
             # the dose conditions: each near the colour of the condition it varies, told apart from every other
             'spe_x025': '#a63603', 'spe_x05': '#fdae6b', 'random_table': '#08306b', 'smooth_table': '#6baed6',
             'peg_circular': '#9edae5', 'nope_conv': '#67000d', 'nope_conv_circular': '#fc9272', 'rope_t100': '#00441b',
@@ -28,11 +32,30 @@ _PALETTE = {'ape': 'C0', 'spe': 'C1', 'rope': 'C2', 'nope': 'C3', 'rpt': 'C4', '
             'smooth_f05_x025': '#dadaeb', 'smooth_f05_x1': '#9e9ac8', 'smooth_f05_x4': '#54278f',
             'smooth_f1_x025': '#d9d9d9', 'smooth_f1_x1': '#969696', 'smooth_f1_x4': '#404040'}
 
-def condition_color(condition: str) -> str:
-    "One colour per condition on every figure: every named condition fixed (no two alike), any other from tab20 by its name."
-    if condition in _PALETTE: return _PALETTE[condition]
+def _spare() -> list[str]:
+    "Colours no named condition has, for every other name (a CNN baseline, a checkpoint, a condition added later)."
     import matplotlib
-    return matplotlib.colors.to_hex(matplotlib.colormaps['tab20'](sum(map(ord, condition)) % 20))
+    used, out = set(_PALETTE.values()), []
+    for cmap in ('tab20b', 'Dark2', 'tab20c', 'Set2'):
+        out += [h for h in map(matplotlib.colors.to_hex, matplotlib.colormaps[cmap].colors) if h not in used and h not in out]
+    return out
+
+def condition_colors(names: Iterable[str]) -> dict[str, str]:
+    """One colour per name: a named condition its own (`_PALETTE`), any other a spare colour chosen by its name (the
+    same in every figure and process), moved to the next free spare while another of `names` has it."""
+    names = list(dict.fromkeys(names))
+    out = {n: _PALETTE[n] for n in names if n in _PALETTE}
+    spare, taken = _spare(), set(out.values())
+    for n in sorted(set(names) - set(out)):
+        i = zlib.crc32(str(n).encode())
+        free = [spare[(i + j) % len(spare)] for j in range(len(spare)) if spare[(i + j) % len(spare)] not in taken]
+        out[n] = free[0] if free else spare[i % len(spare)]
+        taken.add(out[n])
+    return {n: out[n] for n in names}
+
+def condition_color(condition: str) -> str:
+    "The colour of one condition on every figure (`condition_colors` of its name alone): named ones fixed, no two alike."
+    return condition_colors([condition])[condition]
 
 def legend_below(fig, axes: Sequence[Axes] | None = None, ncol: int | None = None, fontsize: float = 8):
     "One legend for the whole figure, below its panels: every labelled artist of `axes` (default: all), each label once."

@@ -662,7 +662,7 @@ def shuffle_rows(t: torch.Tensor,        # (N, C) table
     return out
 
 def fixed_table(grid_size, embed_dim: int, kind: str = 'random', target_ssdc: float = .5, seed: int = 0,
-                shuffle: float = 0.,   # share of the rows moved to other slots afterwards (`shuffle_rows`)
+                shuffle: float = 0.,   # share of the rows moved to other slots afterwards (shuffle_rows)
                ) -> torch.Tensor:
     "A frozen (N, C) table with the sin-cos row norm √(C/2): Gaussian rows ('random') or a smoothed field ('smooth')."
     t = _fixed_table(grid_size, embed_dim, kind, target_ssdc, seed)

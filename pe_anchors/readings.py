@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .core import PAPER_CONDITIONS, condition_label, condition_order
+from .core import PADDING_TWINS, PAPER_CONDITIONS, condition_label, condition_order
 from .results import FS_CHANCE_FACTOR, alpha_rows, chance_level, main_rows, near_chance
 from .stats import Comparison, TooFewSeeds, fmt_tiers
 from .measures import (Measure, Missing, Quantity, acc, delta, difference, fs, fs_chance, has, layers, measure,
@@ -17,8 +17,8 @@ from .measures import (Measure, Missing, Quantity, acc, delta, difference, fs, f
 from .claims import ANCHOR_MARGIN, CONTROL, anchoring, gate, verdicts
 
 # %% auto #0
-__all__ = ['MIXING_SHARE', 'BORDER_SHARE', 'PADDING_TWINS', 'alpha_shape', 'readings', 'alpha_table', 'alpha_anchoring',
-           'output_reading', 'trained_twins', 'padding_table', 'padding_reading']
+__all__ = ['MIXING_SHARE', 'BORDER_SHARE', 'alpha_shape', 'readings', 'alpha_table', 'alpha_anchoring', 'output_reading',
+           'trained_twins', 'padding_table', 'padding_reading']
 
 # %% ../nbs/10f_readings.ipynb #146ee9ff
 def _m(df, c, q) -> Measure | None:
@@ -249,8 +249,6 @@ def output_reading(df: pd.DataFrame, conditions: Sequence[str] | None = None) ->
 
 # %% ../nbs/10f_readings.ipynb #8dd97310
 MIXING_SHARE, BORDER_SHARE = .5, .2   # share of the zero-padded anchoring kept with circular padding: mixing / border
-
-PADDING_TWINS = {'peg': 'peg_circular', 'nope_conv': 'nope_conv_circular'}   # zero-padded condition -> its circular twin
 
 def trained_twins(df: pd.DataFrame, zero: str = 'peg', circular: str | None = None) -> pd.DataFrame:
     "A zero-padded condition and its twin *trained* with circular padding as one `padding_ablation`-style table (condition `zero`, a `padding` column)."

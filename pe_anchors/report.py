@@ -4,7 +4,7 @@
 
 # %% ../nbs/10g_report.ipynb #64980204
 from __future__ import annotations
-import html, json, shutil
+import html, json, re, shutil
 from pathlib import Path
 
 import pandas as pd
@@ -13,16 +13,16 @@ from .core import condition_order, read_json, write_atomic
 from .rundir import ExperimentDir, ReportDir, RunDir, check_writable, find_experiment, recover, staging, swap_in
 from .paper import PAPER_LABEL
 from .results import alpha_rows, load_results, main_rows, write_results
-from .stats import detectable
 from .measures import rpi_mode
-from .claims import ANCHOR_MARGIN, verdicts
-from .tables import md_table, table5, table_alpha, table_rpi, verdict_table
+from .claims import verdicts
+from .tables import md_table, table5, table_alpha, table_rpi, verdict_blocks
 from .figures import fig1, fig2, fig3, fig4, fig5, fig_alpha, fig_severity
 from .readings import readings
+from .reference import reference_of, reference_table, reference_verdicts
 from .config import Experiment
 
 # %% auto #0
-__all__ = ['EXPERIMENT_DEFAULTS', 'report_meta', 'missing_runs', 'setting_line', 'verdict_note', 'write_report']
+__all__ = ['EXPERIMENT_DEFAULTS', 'report_meta', 'missing_runs', 'setting_line', 'write_report']
 
 # %% ../nbs/10g_report.ipynb #7438478b
 EXPERIMENT_DEFAULTS = {k: Experiment.defaults()[k] for k in ('data', 'data_kwargs', 'model', 'recipe', 'train_kwargs',
@@ -41,7 +41,7 @@ def report_meta(path: str | Path) -> dict:
         side = ExperimentDir(p.parent).meta
         meta = read_json(side) if side.exists() else {}
         return {**meta, 'experiment': _with_defaults(meta['experiment'])} if meta.get('experiment') else meta
-    kept = ed.read_meta()                                          # a results folder's record (`kept.keep_runs`)
+    kept = ed.read_meta()                                          # a results folder's record (kept.keep_runs)
     exp = _with_defaults(ed.record())
     if exp and 'path' in (exp.get('data_kwargs') or {}):                # the data's name, not this machine's path
         exp = {**exp, 'data_kwargs': {**exp['data_kwargs'], 'path': Path(str(exp['data_kwargs']['path'])).name}}
@@ -61,7 +61,15 @@ def missing_runs(exp: dict | None,      # the experiment's recorded fields (`rep
     return [RunDir.name(c, s) for s in (exp or {}).get('seeds') or [] for c in (exp or {}).get('conditions') or []
             if (c, int(s)) not in have]
 
-def setting_line(path: str | Path) -> str:
+def _hardware(runs: list[dict], short: bool) -> str:
+    "Each distinct machine the runs record, once, with how many runs it trained (`short`: the CPU or GPU part only)."
+    hw = [r['hardware'].split('; ')[0] if short else r['hardware'] for r in runs if r.get('hardware')]
+    n = pd.Series(hw).value_counts(sort=False).sort_index() if hw else pd.Series(dtype=int)
+    return '; '.join(f"{h} ({k} runs)" if len(n) > 1 else h for h, k in n.items()) or 'not recorded'
+
+def setting_line(path: str | Path,
+                 short: bool = False,  # the front page's form: runs, model, recipe, data and hardware, no timings or code versions
+                ) -> str:
     """One paragraph on how a committed experiment was run, from the `meta.json` beside its results (or its directory):
     runs and seeds, model, recipe, data, the SSDC sample, hardware, the code version, and the training and evaluation
     time in all (training by the learner's own clock, less any time the run was paused for other jobs, `paused_s`)."""
@@ -69,7 +77,13 @@ def setting_line(path: str | Path) -> str:
     m = report_meta(p)
     e, runs = m.get('experiment') or {}, m.get('runs') or []
     if not runs: raise ValueError(f"no run records in the meta.json of {p}")
-    hw = sorted({r['hardware'] for r in runs if r.get('hardware')})
+    if short:
+        seeds = sorted({r['seed'] for r in runs})
+        sd = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
+        return (f"**{e.get('name') or p.parent.name}**: {len(runs)} runs ({sd}), model "
+                f"`{e.get('model') or 'default'}`, recipe `{e.get('recipe')}` {e.get('train_kwargs')}, data `{e.get('data')}`; "
+                f"{_hardware(runs, True)}.")
+    hw = [_hardware(runs, False)]
     fit = sum((r.get('train') or {}).get('train_time_s', 0) - r.get('paused_s', 0) for r in runs)
     ev = sum(r.get('eval_s', 0) for r in runs)
     dur = lambda s: f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
@@ -82,31 +96,28 @@ def setting_line(path: str | Path) -> str:
             f"averaged over {e.get('n_perms')} draws. Hardware: {'; '.join(hw)}. Training {dur(fit)} in all, "
             f"evaluation {dur(ev)}." + (f" Code: pe_anchors {', '.join(code)}." if code else ''))
 
-# %% ../nbs/10g_report.ipynb #e65f1263
-def verdict_note(df: pd.DataFrame) -> str:
-    "How to read a verdict table of `df`: the verdict words, the tests, the margins, and what its seeds can decide."
-    n = int(main_rows(df)[main_rows(df)['stage'] == 'trained'].groupby('condition')['seed'].nunique().max())
-    can = (f"With {n} seeds a paired test has {n - 1} degrees of freedom: it decides a difference only when the mean "
-           f"difference is at least {detectable(n):.2f} times the SD of the per-seed differences, so *inconclusive* "
-           "means 'not decided by these seeds', not 'no difference'." if n >= 2 else
-           "With one seed per condition there is no seed spread: comparisons use the seed SD measured elsewhere, or "
-           "are inconclusive.")
-    return ("**yes** / **no**: the test decides for / against the claim (the main effect's 95% interval excludes 0; "
-            f"'like' and '≈' are equivalence tests, TOST against a stated margin, ±{ANCHOR_MARGIN:g} for SSDC under RPI). "
-            "**inconclusive**: not decided. **not testable**: a precondition fails (the reason is given). **n/a**: a "
-            "measurement is missing (named). Conditions are compared paired by seed (the same images and permutation "
-            "draws per seed), Welch's test otherwise. A *sanity check* holds by construction or already on the "
-            "untrained models: it checks the implementation, not what training does, and is not counted as agreement "
-            f"with the paper. † marks FS not meaningful near chance. {can}")
-
 # %% ../nbs/10g_report.ipynb #5a6efb66
+def _site_links(s: str) -> str:
+    "Links to the documentation's pages (`stats.html#which-test`) made absolute: a report is read outside the site."
+    from pe_anchors._modidx import d
+    site = d['settings']['doc_host'].rstrip('/') + '/' + d['settings']['doc_baseurl'].strip('/')
+    return re.sub(r'\]\((?!https?:|#)([\w.-]+\.html(?:#[\w.-]*)?)\)', lambda m: f"]({site}/{m.group(1)})", s)
+
+def _inline_html(s: str) -> str:
+    "The inline markdown of a paragraph as HTML: **bold**, *italic*, `code` and [links](url)."
+    s = html.escape(s, quote=False)
+    s = re.sub(r'\[([^\]]+)\]\(([^)\s]+)\)', lambda m: f'<a href="{m.group(2)}">{m.group(1)}</a>', s)
+    s = re.sub(r'`([^`]+)`', r'<code>\1</code>', s)
+    s = re.sub(r'\*\*([^*]+)\*\*', r'<b>\1</b>', s)
+    return re.sub(r'(?<![\w*])\*([^*\s][^*]*?)\*(?![\w*])', r'<i>\1</i>', s)
+
 def _render(blocks: list[tuple[str, object]]) -> tuple[str, str]:
     "Render ('h1'|'h2'|'p'|'table'|'img', content) blocks to markdown and HTML."
     md, ht = [], []
     for kind, x in blocks:
         if kind in ('h1', 'h2'):
             md.append(('# ' if kind == 'h1' else '## ') + x); ht.append(f"<{kind}>{html.escape(x)}</{kind}>")
-        elif kind == 'p': md.append(x); ht.append(f"<p>{html.escape(x)}</p>")
+        elif kind == 'p': md.append(_site_links(x)); ht.append(f"<p>{_inline_html(_site_links(x))}</p>")
         elif kind == 'table': md.append(md_table(x)); ht.append(x.to_html(index=False, border=0, classes='table'))
         elif kind == 'img': md.append(f"![{x}]({x})"); ht.append(f'<p><img src="{html.escape(x)}" alt="{html.escape(x)}" style="max-width:100%"></p>')
     style = ("body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}"
@@ -181,17 +192,21 @@ def _write(df, meta, dest: ReportDir, title, num_classes):
                        f"(training {fit / 60:.1f} min)."))
     b.append(('p', f"Reference values are the paper's ({PAPER_LABEL}); on other data and models they show the expected "
                    "shape of each result, not numbers to match."))
+    ref = reference_of(df, exp)
+    if ref:                                 # an experiment with a shipped reference (the demo's preset): its runs against it
+        t, rv = reference_table(df, ref, exp), reference_verdicts(ref)
+        b += [('h2', 'Against the committed reference'), ('p', t.attrs['note']), ('table', t),
+              ('h2', "The reference's verdicts"), ('p', rv.attrs['note']), ('table', rv)]
     v = verdicts(df, K)
-    tests, sane = verdict_table(v, 'test'), verdict_table(v, 'sanity check')
-    if (v['verdict'] != 'n/a').any():
-        b += [('h2', 'Verdicts: tests'), ('table', tests), ('h2', 'Sanity checks'), ('table', sane),
-              ('p', verdict_note(df))]
+    if (v['verdict'] != 'n/a').any():                  # each table with its caption and key, as every page prints it
+        b += [('h2', 'Verdicts: tests'), *verdict_blocks(df, 'test', v), ('h2', 'Sanity checks'),
+              *verdict_blocks(df, 'sanity check', v)]
     else: b += [('h2', 'Verdicts'), ('p', "None of the paper's claims concerns the conditions of this experiment.")]
     if _has(main_rows(df), mode=rpi_mode(df)):
         tr = table_rpi(df)
         b += [('h2', 'SSDC under RPI, by condition'), ('table', tr),
-              ('p', "ΔSSDC = SSDC₁ − SSDC₀ under RPI (the paper's metric); peak: the largest RPI-SSDC over layers and the "
-                    "layer where it occurs (per seed when they differ). " + tr.attrs['note'])]
+              ('p', "ΔSSDC = SSDC₁ − SSDC₀ under RPI (the paper's metric); peak layer: where the peak occurs (per seed "
+                    "when they differ). " + tr.attrs['note'])]
     b.append(('h2', 'Table 5: accuracy and fragility'))
     if _has(df, metric='fs'):
         t5 = table5(df, K, meta.get('shifts')); b += [('table', t5), ('p', t5.attrs['note'])]

@@ -126,7 +126,7 @@ SSDC_MODES = {   # the mode of an SSDC row: the metric its values are, and how t
 }
 SSDC_MODE_METRIC = {m: metric for m, (metric, _) in SSDC_MODES.items()}   # SSDC mode -> the metric its values are
 RPI_MODES = tuple(m for m, (_, perm) in SSDC_MODES.items() if perm is not None)   # the modes under a permutation
-PEAK_METRIC = 'peak_ssdc'         # derived: an RPI curve's largest value over layers; its row's `layer` is where
+PEAK_METRIC = 'peak_ssdc'         # derived: an RPI curve's largest value over the block inputs; its row's `layer` is where
 
 def ssdc_metric(mode: str) -> str:
     "The metric of a mode's SSDC values: `'ssdc'` (pooled matrix) or, with one permutation per image, `'ssdc_image'`."
@@ -268,7 +268,7 @@ def _measured_against(got: dict, exp: dict, sample: int | None) -> list[str]:
     return out
 
 def experiment_setting(exp: dict) -> dict:
-    """What every run of an experiment (its recorded fields) is trained with, as `rundir.run_setting` says it: the full
+    """What every run of an experiment (its recorded fields) is trained with, as `run_setting` says it: the full
     recipe (the named one, `core.RECIPES`, with the experiment's `train_kwargs` over it), the model arguments and, when
     the experiment names one, the model."""
     name, kw = exp.get('recipe') or 'fast', exp.get('train_kwargs') or {}
@@ -278,7 +278,7 @@ def experiment_setting(exp: dict) -> dict:
     return json.loads(json.dumps(dict(recipe=asdict(replace(RECIPES[name], **kw)), model_kwargs=exp.get('model_kwargs') or {},
                                       **({'model': exp['model']} if exp.get('model') else {}))))
 
-def check_run(exp,                                  # the experiment (an `Experiment`, or its recorded fields); None: unknown
+def check_run(exp,                                  # the experiment (an Experiment, or its recorded fields); None: unknown
               run_dir: str | Path,
               df: pd.DataFrame | None = None,       # the run's table, if read
               sample: int | None = None,            # the size of the experiment's SSDC sample, if recorded
@@ -288,7 +288,7 @@ def check_run(exp,                                  # the experiment (an `Experi
     reader (`check_runs`). The run is what its training config (`train/config.json`, or for a kept run its `run.json`)
     says; its folder name and its rows must be its own condition and seed, among the experiment's, under its name; its
     training setting must be the experiment's (`experiment_setting`: the full recipe, the model arguments, the model);
-    its measurement protocol (`run.json`, `rundir.protocol_diff`) and the SSDC images and draws its rows record
+    its measurement protocol (`run.json`, `protocol_diff`) and the SSDC images and draws its rows record
     (`measurement`) must be the experiment's."""
     exp = exp.to_dict() if hasattr(exp, 'to_dict') else exp
     rd = RunDir(run_dir)

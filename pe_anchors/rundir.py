@@ -29,7 +29,7 @@ RUNS, EXPERIMENT, META, SAMPLE, SHIFTS, CACHE, REPORT, MECH = ('runs', 'experime
 LOCK, CHECKSUM = '.lock', '.sha256'   # a directory's lock file; a table's checksum file is named after it plus this
 
 def checksum_file(table: str | Path) -> Path:
-    "The checksum file beside a results table (`results.csv.sha256`), written and checked by `results.write_results` / `read_results`."
+    "The checksum file beside a results table (`results.csv.sha256`), written and checked by `write_results` / `read_results`."
     return Path(str(table) + CHECKSUM)
 
 def is_hub_folder(p: str | Path) -> bool:
@@ -99,7 +99,7 @@ class TrainDir:
 
     @property
     def config(self) -> Path:
-        "What was trained (`learner.run_config`); a resumed run must agree with it."
+        "What was trained (`run_config`); a resumed run must agree with it."
         return self.path / CONFIG
     @property
     def metrics(self) -> Path:
@@ -111,7 +111,7 @@ class TrainDir:
         return self.path / FINAL
     @property
     def model(self) -> Path:
-        "The final weights (`hub.save_checkpoint`'s safetensors)."
+        "The final weights (`save_checkpoint`'s safetensors)."
         return self.path / MODEL_FILE
     @property
     def checkpoints_dir(self) -> Path:
@@ -135,7 +135,7 @@ class TrainDir:
         return sorted(p for p in d.glob(CHECKPOINT_GLOB) if self.checkpoint_files(p)[1].exists()) if d.exists() else []
     @property
     def snapshots_dir(self) -> Path:
-        "The folder of the weights kept at chosen epochs (`learner.Snapshots`): a trajectory's models."
+        "The folder of the weights kept at chosen epochs (`Snapshots`): a trajectory's models."
         return self.path / SNAPSHOTS
     def snapshot(self, epoch: int) -> Path:
         "The weights kept after `epoch` (0-based)."

@@ -59,7 +59,7 @@ def corruption_declaration(n_images: int = 2000,          # the class-stratified
 def corruption_study(path: str | Path,                 # an experiment directory or a results folder with kept models
                      n_images: int = 2000, names: Sequence[str] | None = None, severities: Sequence[int] = (1, 2, 3, 4, 5),
                      conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-                     data_path: str | Path | None = None, device=None, seed: int = 0,
+                     data_path: str | Path | None = None, device: str | torch.device | None = None, seed: int = 0,
                      cache_dir: str | Path | None = None, # corrupted sets are kept here for the next call
                      out: str | Path | None = None,    # where its tables go (default: `path`)
                      restart: bool = False, show_progress: bool | None = None,
@@ -120,7 +120,7 @@ def resolution_declaration(sizes: Sequence[int] = (32, 40, 48, 64), ssdc: bool =
 def resolution_study(path: str | Path,
                      sizes: Sequence[int] = (32, 40, 48, 64),   # test image sides (multiples of the patch size)
                      conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-                     data_path: str | Path | None = None, device=None,
+                     data_path: str | Path | None = None, device: str | torch.device | None = None,
                      ssdc: bool = True,                  # also SSDC per layer, unpermuted and under RPI, at each size
                      out: str | Path | None = None,      # where its tables go (default: `path`)
                      restart: bool = False, show_progress: bool | None = None,

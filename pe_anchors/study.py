@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .core import (code_version, condition_label, condition_order, hardware_info, pbar, read_json, run_perm_seed,
-                             show_progress as interactive, write_atomic)
+                             show_progress as interactive, shown_defaults, write_atomic)
 from .rundir import STUDY_RECORD, ExperimentDir, RunDir, StudyDir, config_diff, hub_files, recover, staging, swap_in
 from .results import check_runs, read_table, write_results
 from .config import Experiment, experiment_of
@@ -39,6 +39,7 @@ def measurement_protocol(exp: Experiment) -> dict:
     return dict(ssdc_images=exp.ssdc_images, sample_seed=exp.sample_seed, n_perms=exp.n_perms, rpi_mode=exp.rpi_mode,
                 perm_seed='1000 × seed + draw')
 
+@shown_defaults
 @dataclass
 class Study:
     "A measurement of kept models: `measure(run)` gives one model's rows (a table, or a dict of named `tables`)."
@@ -92,7 +93,8 @@ class StudyRun:
 
 class StudyContext:
     "One call's view of the experiment: its `Experiment`, directory, evaluation sets (lazy) and what the study prepared (lazy)."
-    def __init__(self, study: Study, ed: ExperimentDir, exp: Experiment, data_path=None, device=None):
+    def __init__(self, study: Study, ed: ExperimentDir, exp: Experiment, data_path: str | Path | None = None,
+                 device: str | torch.device | None = None):
         self.study, self.ed, self.exp, self._args, self._prepare = study, ed, exp, (data_path, device), study.prepare
         self._ev, self._prepared, self._done = None, None, False
     @property
@@ -148,7 +150,7 @@ def run_study(study: Study,
               out: str | Path | None = None,           # where the tables go (default: `path`)
               conditions: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
               data_path: str | Path | None = None,     # the data's location when the experiment's own is not valid here
-              device=None,
+              device: str | torch.device | None = None,
               restart: bool = False,                   # measure every run again (other settings)
               show_progress: bool | None = None,
              ) -> pd.DataFrame | dict[str, pd.DataFrame]:
@@ -162,7 +164,6 @@ def run_study(study: Study,
     if not runs:
         raise FileNotFoundError(f"no kept model under {ed.runs_dir} that the {study.name} study measures"
                                 + (f" among {', '.join(conditions)}" if conditions else ''))
-    check_runs(ed.path)                                          # the experiment's own runs, trained as it says
     settings = _settings(study, exp)
     with ed.lock(shared=True) as elock, sd.lock() as lock:
         if not (elock.acquired and lock.acquired):
@@ -202,10 +203,10 @@ def run_study(study: Study,
 
 # %% ../nbs/09e_study.ipynb #4500ad0e
 def _signal_ratio(r: StudyRun) -> pd.DataFrame:
-    from pe_anchors.learner import get_recipe
+    from pe_anchors.recipes import get_recipe
     from pe_anchors.results import main_rows, read_results, ssdc_metric
     from pe_anchors.interventions import position_signal_ratio
-    from pe_anchors.sweep import init_model
+    from pe_anchors.learner import init_model
     res = main_rows(read_results(r.run.results))
     rows = []
     for stage, model in (('untrained', init_model(r.exp, r.ev.data, r.condition, r.seed, r.ev.device)), ('trained', r.model)):
@@ -256,7 +257,7 @@ def padding_study(paddings: Sequence[str] = ('zeros', 'circular')) -> Study:
 def corrupted_sets(ctx: StudyContext, n_images: int, names: Sequence[str], severities: Sequence[int], seed: int,
                    cache_dir: str | Path | None = None) -> dict:
     ("The CIFAR-10-C sets of a study, built once per call and shared by its runs: every corruption × severity of a "
-     "class-stratified validation subset of `n_images` (`data.stratified_sample` with `seed`), in the experiment's cache.")
+     "class-stratified validation subset of `n_images` (`stratified_sample` with `seed`), in the experiment's cache.")
     from pe_anchors.corruptions import CORRUPTIONS, Corruption
     from pe_anchors.data import stratified_sample
     from pe_anchors.robustness import ShiftedSets
@@ -305,7 +306,7 @@ def _point(r: StudyRun, model: nn.Module, epoch: int, sets: dict) -> dict:
 def _trajectory(n_images: int, names, seed: int):
     def measure(r: StudyRun) -> pd.DataFrame:
         from pe_anchors.kept import load_trained
-        from pe_anchors.sweep import init_model
+        from pe_anchors.learner import init_model
         snaps = r.run.train.snapshots()
         if not snaps: raise ValueError(f"{r.run.path} has no snapshots (train/snapshots/): it was trained without "
                                        "--cbs snapshots, so it has no trajectory to measure")

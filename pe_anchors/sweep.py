@@ -5,11 +5,9 @@
 # %% ../nbs/09c_sweep.ipynb #7e1d2c3b
 from __future__ import annotations
 import contextlib, json, os, shutil, time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import nn
@@ -17,10 +15,11 @@ from torch import nn
 from .core import (check_threads, code_version, condition_model_kwargs, condition_spec, cpu_info, default_device,
                              env_int, free_cores, hardware_info, set_threads, show_progress, unwrap_model, write_atomic)
 from .anatomy import anatomy, model_family
-from .results import check_run, check_runs, gather, peak_rpi, read_results, write_results
+from .results import check_run, check_runs, gather, read_results, write_results
 from .data import ImageData, data_bytes, get_data
-from .hub import save_hub
-from .learner import DEFAULT_MODELS, build_model, check_batch_size, get_recipe, make_callbacks, pe_learner, run_threads, train
+from .hub import run_card, save_hub
+from .learner import (DEFAULT_MODELS, build_model, check_batch_size, get_recipe, init_model, make_callbacks,
+                                run_threads, train)
 from .robustness import SHIFT_KINDS, make_shift
 from .rundir import ExperimentDir, RunDir, RunLock, config_diff, remove_leftovers, run_protocol
 from .config import Experiment, ExperimentError, _is_int
@@ -28,7 +27,7 @@ from .evaluate import EvalData, evaluate_model
 
 # %% auto #0
 __all__ = ['ram_bytes', 'model_bytes', 'check_memory', 'check_experiment', 'experiment_cost', 'cost_line', 'resolve_shard',
-           'run_card', 'run_dir_of', 'run_one', 'init_model', 'run_experiment', 'check_run']
+           'run_dir_of', 'run_one', 'run_experiment', 'check_run', 'run_card', 'init_model']
 
 # %% ../nbs/09c_sweep.ipynb #9e9bcab8
 def ram_bytes() -> int | None:
@@ -124,7 +123,9 @@ def cost_line(exp: Experiment, data: ImageData) -> str:
             f"training images; measuring: {c['measured']:,} images through a model ({exp.n_perms} permutation draw(s), "
             f"{min(exp.ssdc_images, len(data.valid)):,} SSDC images)")
 
-_all_ = ['check_run']      # results.check_run: the one rule for whether a run is the experiment's, every reader's too
+_all_ = ['check_run', 'run_card', 'init_model']   # results.check_run: the one rule for whether a run is the experiment's,
+    # every reader's too; hub.run_card: the card of a kept run; learner.init_model: a run's untrained twin (re-exported
+    # for `pe_anchors.experiment`)
 
 
 # %% ../nbs/09c_sweep.ipynb #facd99a6
@@ -155,38 +156,6 @@ def resolve_shard(shard: str | Sequence[int] | None) -> tuple[int, int, int | No
     if not 0 <= i < n: raise ValueError(f"shard index must be in 0..{n - 1}, got {i}")
     return i, n, None
 
-def _card_from_results(df: pd.DataFrame) -> dict:
-    "Model-card rows from a run's results table: clean accuracy, fragility, SSDC per layer, ΔSSDC and the RPI peak."
-    t = df[(df.stage == 'trained') & df['sweep'].isna()] if 'sweep' in df else df[df.stage == 'trained']
-    t = t[(t.alpha == 1) | t.alpha.isna()]
-    one = lambda **kw: t.loc[np.logical_and.reduce([t[k] == v for k, v in kw.items()]), 'value']
-    card = {}
-    for (metric, shift), label in (('acc', 'clean'), 'clean accuracy'), (('fs', 'jpeg'), 'JPEG fragility (q 5)'), \
-                                  (('fs', 'blur'), 'blur fragility'):
-        v = one(metric=metric, shift=shift)
-        if metric == 'fs': v = t.loc[(t.metric == 'fs') & (t['shift'] == shift) & (t.severity.astype(str) == 'paper'), 'value']
-        if len(v): card[label] = round(float(v.iloc[0]), 4)
-    rpi = next((m for m in t['mode'].dropna().unique() if m != 'normal'), None)
-    for mode, label in (('normal', 'SSDC by layer'), (rpi, f'SSDC under {rpi} by layer')):
-        c = t[(t.metric == 'ssdc') & (t['mode'] == mode)].sort_values('layer')
-        if mode and len(c): card[label] = ' '.join(f"{v:.3f}" for v in c.value)
-    d = one(metric='delta_ssdc')
-    if len(d): card['ΔSSDC (RPI)'] = round(float(d.iloc[0]), 4)
-    pk = peak_rpi(t)
-    if len(pk): card['peak RPI-SSDC (layer)'] = f"{pk.value.iloc[0]:.3f} ({int(pk.layer.iloc[0])})"
-    return card
-
-def run_card(cfg: dict, df: pd.DataFrame | None = None, title: str | None = None) -> dict:
-    "A model card from a run's training config (condition, data, recipe, seed) and its results table."
-    data, recipe = cfg.get('data') or {}, cfg.get('recipe') or {}
-    card = dict(title=title) if title else {}
-    if cfg.get('condition'): card['condition'] = cfg['condition']
-    if data: card['data'] = f"{data.get('builder', '?')} at {data.get('img_size', '?')} px"
-    if recipe: card['recipe'] = ', '.join(f"{k} {recipe[k]}" for k in ('epochs', 'bs', 'lr', 'wd', 'model_style') if k in recipe)
-    if 'seed' in cfg: card['seed'] = cfg['seed']
-    if df is not None and len(df): card.update(_card_from_results(df))
-    return card
-
 def run_dir_of(out_dir: str | Path, condition: str, seed: int) -> Path:
     "The directory of run (condition, seed) inside an experiment directory."
     return ExperimentDir(out_dir).run(condition, seed).path
@@ -209,11 +178,6 @@ def run_one(exp: Experiment, data: ImageData, ev: EvalData, condition: str, seed
         remove_leftovers(run.path)                     # temporary files of a killed earlier attempt
         threads = run_threads(threads, run.read_config().get('threads'), run.path)   # initialisation, training, evaluation
         return _run_one(exp, data, ev, condition, seed, run, device, show, extra_callbacks, threads)
-
-def init_model(exp: Experiment, data: ImageData, condition: str, seed: int, device: str | torch.device | None = None) -> nn.Module:
-    "Run (condition, seed)'s model at initialisation, built as the run builds it (its seed, recipe, model and style)."
-    return pe_learner(data, condition, recipe=exp.recipe, seed=seed, model=exp.model, model_kwargs=exp.model_kwargs,
-                      device=device, show_progress=False, **exp.train_kwargs).model
 
 def _run_one(exp, data, ev, condition, seed, run: RunDir, device, show, extra_callbacks, threads) -> pd.DataFrame:
     kw = dict(model=exp.model, model_kwargs=exp.model_kwargs, device=device, show_progress=show)
@@ -339,7 +303,7 @@ def _run_experiment(exp, ed: ExperimentDir, index, count, device, show, data, ve
     return gather(ed.path)                           # every finished run checked (`check_runs`) and combined
 
 def _workers(workers: int | str | None, threads: int | str | None, device: str, runs: int) -> int:
-    "How many runs to train at once: `workers`, or for 'auto' on the CPU one per free core (`core.free_cores`) over each run's threads."
+    "How many runs to train at once: `workers`, or for 'auto' on the CPU one per free core (`free_cores`) over each run's threads."
     if workers is None or runs <= 1: return 1
     if workers != 'auto': return min(runs, check_threads(workers, 'workers'))
     if torch.device(device).type != 'cpu' or threads == 'auto': return 1

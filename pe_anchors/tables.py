@@ -20,8 +20,8 @@ from .claims import ANCHOR_MARGIN, anchoring, verdicts
 
 # %% auto #0
 __all__ = ['NBSP', 'nowrap', 'md_table', 'fmt_mean_sd', 'noise_note', 'table5', 'table_alpha', 'fmt_layers', 'table_rpi',
-           'rpi_summary', 'verdict_table', 'verdict_key', 'verdict_markdown', 'verdict_summary', 'compare_verdicts',
-           'determinism_table', 'summary_table']
+           'rpi_summary', 'verdict_table', 'verdict_key', 'verdict_blocks', 'verdict_markdown', 'verdict_summary',
+           'compare_verdicts', 'determinism_table', 'summary_table']
 
 # %% ../nbs/10d_tables.ipynb #5346c058
 NBSP = '\u00a0'         # joins a value, its ± and its spread, or an effect and its interval, so a table cell never breaks there
@@ -203,14 +203,16 @@ def verdict_key(v: pd.DataFrame, df: pd.DataFrame, kind: str = 'test') -> str:
              "seed fixes the permutation draws, and Welch's for accuracy, fragility and unpermuted SSDC, measured on the "
              "same images for every run ([which test](stats.html#which-test-the-design-decides)); one run against itself "
              f"(two layers, two α) is paired. *p*: the deciding part's; *Holm p*: adjusted over the {m} claims of this "
-             "table that have one; a claim is decided when it is below .05. *80% power at*: the smallest effect (for an "
+             "table that have one; a claim is *decided* when its Holm p is below .05. *80% power at*: the smallest effect (for an "
              "equivalence, the smallest margin) its test detects with 80% power, from the SD it observed.")
-    words = ("**consistent**: decided for the claim, the paper's effect inside our interval (or none reported); "
-             "**smaller** / **larger than the paper's**: our interval excludes the paper's effect; **contradicts**: decided "
-             "against the claim; **departure**: decided for a claim that the paper's own Table 5, read by the same rule, "
-             "does not show, or an equivalence whose paper value lies beyond the margin and outside our interval; "
-             "**inconclusive**: the interval holds both 0 and the paper's effect; **not testable**: a precondition fails "
-             "(the reason is given); **n/a**: a measurement is missing (named).")
+    words = ("In this order: **contradicts**: decided against the claim; **departure**: decided for a claim that the "
+             "paper's own Table 5, read by the same rule, does not show, or (decided or not) an equivalence whose paper "
+             "value lies beyond the margin and outside our interval; **smaller** / **larger than the paper's**: decided "
+             "or not, our interval lies wholly below / above the paper's effect, read in the claim's direction "
+             "(*smaller* includes an interval on the other side of zero that is not decided against); **consistent**: "
+             "decided for the claim, the paper's effect inside our interval (or none reported); **inconclusive**: not "
+             "decided, the paper's effect (if reported) inside our interval; **not testable**: a precondition fails (the "
+             "reason is given); **n/a**: a measurement is missing (named).")
     if n >= 2:
         seeds = (f"With {n} seeds no exact test can decide anything: a sign-flip test on {n} pairs never gives p below "
                  f"{fmt_p(smallest_exact_p(n))} and a permutation test of {n} against {n} seeds never below "
@@ -224,16 +226,21 @@ def verdict_key(v: pd.DataFrame, df: pd.DataFrame, kind: str = 'test') -> str:
     return ' '.join([parts, words, seeds])
 
 # %% ../nbs/10d_tables.ipynb #1ba78093
-def verdict_markdown(df: pd.DataFrame, kind: str = 'test', v: pd.DataFrame | None = None,
-                     num_classes: int | None = None) -> str:
-    "The verdicts of the results `df` as every page prints them: a caption, `verdict_table` and `verdict_key`."
+def verdict_blocks(df: pd.DataFrame, kind: str = 'test', v: pd.DataFrame | None = None,
+                   num_classes: int | None = None) -> list[tuple[str, object]]:
+    "The verdicts of the results `df` of one kind: `[('p', caption), ('table', verdict_table), ('p', verdict_key)]`, or `[]`."
     v = verdicts(df, num_classes) if v is None else v
     sub = v[v['kind'] == kind]
-    if sub.empty: return ''
+    if sub.empty: return []
     head = "Tests of the paper's claims" if kind == 'test' else "Sanity checks (not counted as agreement)"
     m = int(sub['family'].iloc[0])
     cap = f"**{head}** ({data_label(df)}; {len(sub)} claims, Holm over the {m} with a p):"
-    return '\n\n'.join([cap, md_table(verdict_table(v, kind)), verdict_key(v, df, kind)])
+    return [('p', cap), ('table', verdict_table(v, kind)), ('p', verdict_key(v, df, kind))]
+
+def verdict_markdown(df: pd.DataFrame, kind: str = 'test', v: pd.DataFrame | None = None,
+                     num_classes: int | None = None) -> str:
+    "The verdicts of the results `df` as every page prints them: `verdict_blocks` as markdown."
+    return '\n\n'.join(md_table(x) if k == 'table' else x for k, x in verdict_blocks(df, kind, v, num_classes))
 
 def verdict_summary(v: pd.DataFrame) -> str:
     "'Of the 15 tests: 3 consistent, 2 contradicts, …; 4 sanity checks.' (the verdict words in the key's order)."

@@ -340,7 +340,7 @@ MODEL_CONFIGS = {
                                  drop_rate=0., drop_path_rate=.05),
 }
 
-register_family(MODEL_CONFIGS, 'pe_vit')                 # what `anatomy.model_family` answers for these names
+register_family(MODEL_CONFIGS, 'pe_vit')                 # what anatomy.model_family answers for these names
 
 def _pretrained_cfg(name: str, cfg: dict) -> dict:
     return dict(architecture=name, input_size=(3, *grid_hw(cfg['img_size'])), num_classes=cfg.get('num_classes', 1000),

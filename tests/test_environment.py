@@ -68,6 +68,17 @@ def test_a_busy_mount_point_is_filled_not_renamed_onto(tmp_path, monkeypatch):
     out = hub.save_hub(timm.create_model('pe_vit_nano_patch2_16', pe='ape', num_classes=10), target)
     assert sorted(p.name for p in out.iterdir()) == ['README.md', 'config.json', 'model.safetensors']
     assert sorted(p.name for p in tmp_path.iterdir()) == ['mnt']                 # no staging folder left
+    full = tmp_path / 'full'; full.mkdir()                                      # a mount that fills up after the first file
+    moved = []
+    def move(src, dst):
+        if moved: raise OSError(errno.ENOSPC, 'No space left on device', src)   # shutil names the source
+        moved.append(dst); Path(dst).write_bytes(b'part')
+    monkeypatch.setattr(hub.shutil, 'move', move)
+    monkeypatch.setattr(hub.os, 'replace', lambda s, d: replace(s, target) if Path(d) == full else real(s, d))
+    with pytest.raises(OSError, match='No space left on device') as e:
+        hub.save_hub(timm.create_model('pe_vit_nano_patch2_16', pe='ape', num_classes=10), full)
+    assert e.value.filename == str(full) and moved and list(full.iterdir()) == []   # the folder named, left empty as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['full', 'mnt']
 
 
 def test_a_busy_or_full_target_is_named_in_one_line(tmp_path, capsys, monkeypatch):

@@ -99,7 +99,7 @@ def test_each_shifted_set_is_built_once_per_experiment(tmp_path, digits, monkeyp
     monkeypatch.setattr(R.JPEG, 'apply', lambda self, x, offset: ran.append(len(x)) or R.jpeg_roundtrip(x, self.quality))
     run_experiment(tiny_two_conditions(conditions=['ape', 'spe', 'nope'], alpha_conditions=['ape', 'spe'], untrained=False,
                         alphas=[1., .5]), tmp_path / 'exp', device='cpu', show=False, data=digits)
-    assert ran == []
+    assert [n for n in ran if n > 1] == []     # no set shifted again (one blank image is shifted by the fit check, sweep._check_shifts)
 
 
 def test_an_analysis_builds_each_set_once(digits, monkeypatch):

@@ -154,14 +154,34 @@ def test_every_figure_draws_a_condition_in_its_colour_and_label(figures):
 
 
 def test_figure_functions_take_colours_from_the_one_table():
-    "No figure-making module of the package carries its own colours for conditions: they come from plots.condition_color."
-    import inspect, re
+    """No module of the package and no notebook cell (exported or not) carries colours of its own: a colour literal
+    (`'C3'`, `f'C{i}'`, `'tab:red'`, a hex code) or a label made from a condition key (`c.upper()`); every colour and
+    label comes from plots.condition_color / condition_colors and core.condition_label (neutral greys and black aside)."""
+    import json, re
     import pe_anchors
     from pathlib import Path
-    bad = []
-    for f in sorted(Path(pe_anchors.__file__).parent.rglob('*.py')):
-        src = f.read_text()
-        if f.name == 'plots.py' or 'matplotlib' not in src: continue
-        for m in re.finditer(r"""\{\s*'(ape|spe|rope|nope|rpt)'\s*:\s*['"](C\d|tab:\w+|#[0-9a-fA-F]{6})['"]""", src):
-            bad.append(f"{f.name}: a colour table of its own ({m.group(0)[:40]}…)")
-    assert not bad, '\n'.join(bad)
+    lit = re.compile(r"""f?['"](?:C\d|C\{[^}]*\}|tab:\w+|#[0-9a-fA-F]{6}|#[0-9a-fA-F]{3})['"]|label\s*=\s*\w+\.upper\(\)""")
+    pkg = Path(pe_anchors.__file__).parent
+    sources = [(f.name, f.read_text()) for f in sorted(pkg.rglob('*.py')) if f.name not in ('plots.py', '_modidx.py')]
+    for nb in sorted((pkg.parent / 'nbs').glob('*.ipynb')):
+        if nb.stem == '10_plots': continue
+        sources += [(f"{nb.name} cell {i}", ''.join(c['source'])) for i, c in enumerate(json.loads(nb.read_text())['cells'])
+                    if c['cell_type'] == 'code']
+    bad = [f"{where}: {m.group(0)}" for where, src in sources for m in lit.finditer(src)]
+    assert not bad, 'colours or labels of their own:\n' + '\n'.join(bad)
+
+
+def test_a_name_outside_the_table_gets_a_spare_colour_fixed_by_its_name():
+    "A CNN, a checkpoint, a condition added later: a colour no named condition has, the same in any process (no hash seed)."
+    import os, subprocess, sys
+    from pe_anchors.plots import _PALETTE, condition_colors
+    named = {mc.to_hex(condition_color(c)) for c in _PALETTE}
+    others = ['cnn', 'smooth_f05_x2', 'vit_base_patch16_224.augreg_in1k', 'my_pe', 'spe_x3']
+    mine = {n: condition_color(n) for n in others}
+    assert not set(mine.values()) & named and all(condition_label(n) == n for n in others)
+    code = f"from pe_anchors.plots import condition_color; print([condition_color(n) for n in {others!r}])"
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                         env={**os.environ, 'PYTHONHASHSEED': '123'}).stdout
+    assert out.strip() == str(list(mine.values()))
+    many = condition_colors(['ape', *[f'model_{i}' for i in range(30)]])       # one figure: all told apart
+    assert len(set(many.values())) == 31 and many['ape'] == condition_color('ape')

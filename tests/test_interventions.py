@@ -220,7 +220,7 @@ def test_plot_ssdc_paper_style(batches):
     df = pd.concat(rows)
     ax = plot_ssdc(df, references={'APE (paper)': PAPER_SSDC['normal']['ape'][:3]})
     assert ax.get_xlabel() == 'Layer'
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ['APE', 'NoPE', 'APE (paper)']
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ['APE', 'NoPE', 'APE (paper)', '±1 SD over seeds']   # the bands (two seeds) are explained too
     ape_line = ax.get_lines()[0]
     expect = df[df.condition == 'ape'].groupby('layer').value.mean().values       # mean over the two seeds
     np.testing.assert_allclose(ape_line.get_ydata(), expect)

@@ -22,6 +22,23 @@ def test_write_report(tmp_path, df):
     assert '<table' in (tmp_path / 'rep' / 'report.html').read_text()
 
 
+def test_the_report_prints_the_verdict_tables_as_every_page(tmp_path, df):
+    """Each verdict table with its caption and its key, as `verdict_markdown` prints it on the pages; in the HTML, its links
+    point to the documentation site (settings.ini) and its emphasis is HTML, not asterisks."""
+    import configparser, re
+    from pathlib import Path
+    from pe_anchors.tables import verdict_markdown
+    text = write_report(df, tmp_path / 'rep').read_text()
+    page = (tmp_path / 'rep' / 'report.html').read_text()
+    cfg = configparser.ConfigParser(); cfg.read(Path(__file__).resolve().parents[1] / 'settings.ini')
+    site = cfg['DEFAULT']['doc_host'].rstrip('/') + '/' + cfg['DEFAULT']['doc_baseurl'].strip('/')
+    for kind in ('test', 'sanity check'):
+        want = verdict_markdown(df, kind)
+        assert want.replace('](stats.html', f']({site}/stats.html') in text, kind
+    assert 'deciding part' in text and f'<a href="{site}/stats.html#' in page and '<b>contradicts</b>' in page
+    assert not re.search(r'\*\*\w', page), 'markdown bold left in the HTML'
+
+
 def test_a_killed_report_leaves_the_old_one_whole(tmp_path, df, monkeypatch):
     dest = tmp_path / 'rep'
     write_report(df[df.seed == 0], dest, title='old')
@@ -128,3 +145,18 @@ def test_a_report_replaces_only_its_own_files(tmp_path, df):
     assert not (dest / 'figures' / 'fig5.png').exists() and 'pe_anchors report: two' in (dest / 'report.md').read_text()
     assert (dest / 'notes.txt').read_text() == 'mine' and (dest / 'figures' / 'mine.png').read_bytes() == b'x'
     assert sorted(p.name for p in tmp_path.iterdir()) == ['rep']                  # no staging copy left beside it
+
+
+def test_the_report_path_loads_no_training_stack(tmp_path, df):
+    """`import pe_anchors.report`, then the `pe_anchors report` command, in a fresh interpreter: neither fastai nor the
+    learner is imported (a report is tables and figures from a CSV)."""
+    import os, subprocess, sys
+    csv = write_results(df, tmp_path / 'results.csv')
+    code = ("import sys; import pe_anchors.report; after_import = set(sys.modules)\n"
+            "from pe_anchors.cli import main; rc = main(['report', sys.argv[1], '--dest', sys.argv[2]])\n"
+            "heavy = ('fastai', 'pe_anchors.learner')\n"
+            "print('loaded:', [m for m in heavy if m in after_import], [m for m in heavy if m in sys.modules], rc)")
+    r = subprocess.run([sys.executable, '-c', code, str(csv), str(tmp_path / 'rep')], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert r.stdout.strip().splitlines()[-1] == 'loaded: [] [] 0', r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / 'rep' / 'report.md').exists()

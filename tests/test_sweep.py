@@ -124,18 +124,20 @@ def test_one_run_check_for_report_and_sweep(tmp_path, capsys):
     exp = tiny()
     train('nope', _digits(exp), 'paper', run_dir=out / 'runs' / 'nope-s0' / 'train', seed=0, resume=False,
           show_progress=False, model_kwargs=exp.model_kwargs, **exp.train_kwargs)      # the same train_kwargs, recipe 'paper'
-    for argv in (('report', out), ('sweep', e, '--out', out, '--quiet')):
-        rc, err = cli(capsys, *argv)
-        assert rc == 2 and 'runs/nope-s0 was trained with another setting than this experiment' in err and 'recipe.' in err, err
+    refused = [cli(capsys, *argv) for argv in (('report', out), ('sweep', e, '--out', out, '--quiet'))]
+    (rc, err), (rc2, err2) = refused
+    assert rc == rc2 == 2 and err.split(': error: ')[1] == err2.split(': error: ')[1], refused   # one line, the same from both
+    assert 'runs/nope-s0 was trained with another setting than this experiment' in err and 'recipe.' in err, err
     train('nope', _digits(exp), exp.recipe, run_dir=out / 'runs' / 'nope-s0' / 'train', seed=0, resume=False,
           show_progress=False, model_kwargs=exp.model_kwargs, **exp.train_kwargs)      # its own recipe again: read
     rc, err = cli(capsys, 'report', out)
     assert rc == 0, err
     rec = out / 'runs' / 'ape-s0' / 'run.json'
     r = json.loads(rec.read_text()); r['protocol']['sample_seed'] = 7; rec.write_text(json.dumps(r))
-    for argv in (('report', out), ('sweep', e, '--out', out, '--quiet')):
-        rc, err = cli(capsys, *argv)
-        assert rc == 2 and 'runs/ape-s0 was measured with another protocol' in err and 'sample_seed 7 against 0' in err, err
+    refused = [cli(capsys, *argv) for argv in (('report', out), ('sweep', e, '--out', out, '--quiet'))]
+    (rc, err), (rc2, err2) = refused
+    assert rc == rc2 == 2 and err.split(': error: ')[1] == err2.split(': error: ')[1], refused
+    assert 'runs/ape-s0 was measured with another protocol' in err and 'sample_seed 7 against 0' in err, err
 
 
 def _digits(exp):

@@ -19,6 +19,7 @@ def rewrite(src: str, lookup, modules: set, changes: list) -> str:
     def one(m):
         tok, paren = m.group(1), m.group(2) or ''
         if '.' not in tok or tok.split('.')[0] not in modules or lookup.doc(tok) is not None: return m.group(0)
+        if tok.split('.')[-1].startswith('_'): return m.group(0)       # a private name: no heading to link to, left plain
         full = lookup.doc(f'pe_anchors.{tok}')
         if full is None: return m.group(0)
         short = tok.split('.')[-1]

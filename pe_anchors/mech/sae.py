@@ -116,7 +116,7 @@ def fit_sae(tokens: torch.Tensor,        # (M, C) or (I, N, C) residual-stream t
             lr: float = 1e-3,            # Adam
             dead_after: int = 100_000,   # tokens without firing after which a latent counts as dead (AuxK)
             seed: int = 0,               # seeds the initial directions and the mini-batch order
-            device=None,                 # default: the tokens' device
+            device: str | torch.device | None = None,  # default: the tokens' device
             log_every: int = 100,
             sae: TopKSAE | None = None,  # continue training this SAE (its scale and b_pre kept) instead of a new one
             show_progress: bool | None = None,
@@ -301,7 +301,7 @@ def sae_causal_test(model: nn.Module,
                     mode: str = 'zero',
                     ssdc_mode: str = 'rpi',            # measure_ssdc mode of the SSDC column
                     n_perms: int = 4,
-                    perm_seed: int = 0,                # the first RPI draw's permutation seed (`core.run_perm_seed`)
+                    perm_seed: int = 0,                # the first RPI draw's permutation seed (core.run_perm_seed)
                     seed: int = 0,
                     min_rel_act: float = .01,          # random sets: latents at least this active (as position_selectivity)
                     max_images: int | None = None,

@@ -99,7 +99,7 @@ def mech_study(path: str | Path,                          # an experiment direct
                out: str | Path,                           # where the tables go (e.g. nbs/results/<experiment>/mech)
                conditions: Sequence[str] = ('ape', 'spe', 'rope', 'nope'),
                seeds: Sequence[int] | None = None,        # default: every kept seed
-               data_path: str | Path | None = None, device=None,
+               data_path: str | Path | None = None, device: str | torch.device | None = None,
                sae_conditions: Sequence[str] = ('ape', 'rope'),
                sae_block: int = 1,                        # the SAE reads the residual stream entering this block
                sae_images: int = 4000,                    # training images whose tokens fit the SAE
