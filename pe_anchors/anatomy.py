@@ -17,7 +17,7 @@ from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 from .core import check_choice, grid_hw, unwrap_model
-from .pos_embed import PosEmbed
+from .pe_base import PosEmbed
 
 # %% auto #0
 __all__ = ['FAMILIES', 'POSITION_KINDS', 'TOKEN_LAYOUTS', 'ZOO_FAMILIES', 'CNN_FAMILIES', 'register_family', 'model_family',
@@ -100,31 +100,35 @@ class Anatomy:
         "Whether the blocks rotate q and k (a `rope` table per block)."
         return 'rotary' in self.position
 
-    @property
-    def output_tap(self) -> nn.Module:
-        "What the head reads: the final norm over the tokens (`norm`; an identity in models without one)."
-        norm = getattr(self.model, 'norm', None)
-        return norm if isinstance(norm, nn.Module) else self.blocks[-1]
-    @property
-    def output_layer(self) -> int:
-        "The layer index of the output tap in SSDC curves: one past the last block (`depth`)."
-        return self.depth
-
-    def grid_of(self, layer: int) -> tuple[int, int]:
-        "The token grid at `layer` (a block index, or `output_layer`: the last block's grid)."
-        if not 0 <= int(layer) <= self.depth: raise IndexError(f"layer {layer} out of range for {self.depth} blocks "
-                                                               f"(0..{self.depth - 1}, or {self.depth}: the output)")
-        return self.grids[min(int(layer), self.depth - 1)]
-
-    def block_index(self, layer: int) -> int:
-        "`layer` as a non-negative block index (negative values count from the end, as in Python)."
-        if not -self.depth <= int(layer) < self.depth: raise IndexError(f"layer {layer} out of range for {self.depth} blocks")
-        return int(layer) % self.depth
-
     def __repr__(self) -> str:
         g = sorted(set(self.grids), key=self.grids.index)
         return (f"Anatomy({self.family}: {self.depth} blocks, grid {' -> '.join(f'{h}x{w}' for h, w in g)}, "
                 f"{self.num_prefix_tokens} prefix token(s), position {', '.join(self.position) or 'none'})")
+
+# %% ../nbs/01a_anatomy.ipynb #4163ca23
+@patch(as_prop=True)
+def output_tap(self: Anatomy) -> nn.Module:
+    "What the head reads: the final norm over the tokens (`norm`; an identity in models without one)."
+    norm = getattr(self.model, 'norm', None)
+    return norm if isinstance(norm, nn.Module) else self.blocks[-1]
+
+@patch(as_prop=True)
+def output_layer(self: Anatomy) -> int:
+    "The layer index of the output tap in SSDC curves: one past the last block (`depth`)."
+    return self.depth
+
+@patch
+def grid_of(self: Anatomy, layer: int) -> tuple[int, int]:
+    "The token grid at `layer` (a block index, or `output_layer`: the last block's grid)."
+    if not 0 <= int(layer) <= self.depth: raise IndexError(f"layer {layer} out of range for {self.depth} blocks "
+                                                           f"(0..{self.depth - 1}, or {self.depth}: the output)")
+    return self.grids[min(int(layer), self.depth - 1)]
+
+@patch
+def block_index(self: Anatomy, layer: int) -> int:
+    "`layer` as a non-negative block index (negative values count from the end, as in Python)."
+    if not -self.depth <= int(layer) < self.depth: raise IndexError(f"layer {layer} out of range for {self.depth} blocks")
+    return int(layer) % self.depth
 
 # %% ../nbs/01a_anatomy.ipynb #f90727e6
 def _position(m: nn.Module, family: str, blocks: list, prefix: int) -> dict:

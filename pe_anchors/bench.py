@@ -214,25 +214,7 @@ def timm_twins(model: str = 'pe_vit_nano_patch4_32', # a PEViT config, a key of 
     return dict(vit=VisionTransformer(**kw, final_norm=final),
                 eva=Eva(**kw, attn_type='rope', use_abs_pos_emb=False, use_rot_pos_emb=True, use_post_transformer_norm=final))
 
-def bench_vs_timm(model: str = 'pe_vit_nano_patch4_32',
-                  bs: int = 128,
-                  rounds: int = 5,                   # each times one step of every model, in turn
-                  warmup: int = 2,                   # untimed steps of each model first
-                  compile: bool = False,
-                  device: str | torch.device | None = None,
-                  model_kwargs: dict | None = None,
-                  num_threads: int | None = None,    # torch CPU threads for the run (default: as set)
-                  verbose: bool = True,
-                 ) -> dict:
-    "One training step of our APE and RoPE models against timm's ViT and Eva of their size, interleaved; the best round of each, ratios ours / timm."
-    device = default_device(device)
-    old_threads = torch.get_num_threads()
-    if num_threads is not None: torch.set_num_threads(num_threads)
-    try: res = _bench_vs_timm(model, bs, rounds, warmup, compile, device, model_kwargs)
-    finally: torch.set_num_threads(old_threads)
-    if verbose: _print_vs_timm(res)
-    return res
-
+# %% ../nbs/14_bench.ipynb #b7475fc6
 def _speed_ratios(t: dict) -> dict:
     "Speed ratios from step times (above 1: the first named is faster)."
     return dict(ape_vs_vit=t['vit'] / t['ape'], rope_vs_eva=t['eva'] / t['rope'], rope_vs_ape=t['ape'] / t['rope'],
@@ -265,6 +247,26 @@ def _bench_vs_timm(model, bs, rounds, warmup, compile, device, model_kwargs) -> 
                 ms=ms(wall), **_speed_ratios(wall), cpu_ms=ms(cpu) if on_cpu else None,
                 cpu=_speed_ratios(cpu) if on_cpu else None)
 
+# %% ../nbs/14_bench.ipynb #55009c95
+def bench_vs_timm(model: str = 'pe_vit_nano_patch4_32',
+                  bs: int = 128,
+                  rounds: int = 5,                   # each times one step of every model, in turn
+                  warmup: int = 2,                   # untimed steps of each model first
+                  compile: bool = False,
+                  device: str | torch.device | None = None,
+                  model_kwargs: dict | None = None,
+                  num_threads: int | None = None,    # torch CPU threads for the run (default: as set)
+                  verbose: bool = True,
+                 ) -> dict:
+    "One training step of our APE and RoPE models against timm's ViT and Eva of their size, interleaved; the best round of each, ratios ours / timm."
+    device = default_device(device)
+    old_threads = torch.get_num_threads()
+    if num_threads is not None: torch.set_num_threads(num_threads)
+    try: res = _bench_vs_timm(model, bs, rounds, warmup, compile, device, model_kwargs)
+    finally: torch.set_num_threads(old_threads)
+    if verbose: _print_vs_timm(res)
+    return res
+
 def _print_vs_timm(r: dict):
     la, c = r['load_avg_1min'], r['cpu']
     names = dict(ape="ours, pe='ape'", vit='timm VisionTransformer', rope="ours, pe='rope'", eva='timm Eva, axial RoPE')
@@ -280,6 +282,51 @@ def _print_vs_timm(r: dict):
     lines.append(f"  RoPE's cost over APE: ours {1 / r['rope_vs_ape'] - 1:+.1%}, timm's Eva over its ViT "
                  f"{1 / r['eva_vs_vit'] - 1:+.1%} (wall)")
     print('\n'.join(lines))
+
+# %% ../nbs/14_bench.ipynb #f765449f
+def _learner_img_s(pe: str, rpt: bool, data: ImageData, model: str, r: Recipe, device, model_kwargs: dict | None,
+                   warmup: int) -> float:
+    "Images/s of `pe_learner` with PE `pe` (and RPT if `rpt`) fitting the in-memory batches, after `warmup` steps."
+    timer = _Timer(warmup)
+    learn = pe_learner(data, 'ape', model=model, recipe=r, pe=pe, rpt=rpt, device=device, model_kwargs=model_kwargs,
+                       show_progress=False, cbs=[timer])
+    learn.fit(1, r.lr)                                          # constant lr: the schedule is not what is timed
+    return timer.img_s
+
+def _train_rows(model: str, data: ImageData, r: Recipe, bs: int, steps: int, warmup: int, pes: tuple, compile: bool,
+                device, model_kwargs: dict | None, baseline: str | None, baseline_kwargs: dict | None) -> list[dict]:
+    "Images/s of each path: the plain loop, timm's `baseline` through it (if given), the learner with RPT off and on, each other PE."
+    common = (data, model, r, device, model_kwargs, warmup)          # the learner's rows differ only in PE and RPT
+    rows = []
+    set_seed(0)
+    net = timm.create_model(model, pe='ape', num_classes=10, **(model_kwargs or {}))
+    if compile: net.compile()
+    rows.append(dict(path='plain', pe='ape', rpt=False, img_s=_plain_loop(net, data, bs, steps, warmup, r, device)))
+    if baseline is not None:                                        # timm's own ViT through the same loop
+        set_seed(0)
+        base = timm.create_model(baseline, pretrained=False, num_classes=10, **(baseline_kwargs or {}))
+        if compile: base.compile()
+        rows.append(dict(path=f'timm {baseline}', pe='ape', rpt=False,
+                         img_s=_plain_loop(base, data, bs, steps, warmup, r, device)))
+        del base
+    rows.append(dict(path='learner', pe='ape', rpt=False, img_s=_learner_img_s('ape', False, *common)))
+    rows.append(dict(path='learner', pe='ape', rpt=True, img_s=_learner_img_s('ape', True, *common)))
+    for pe in pes:
+        if pe != 'ape': rows.append(dict(path='learner', pe=pe, rpt=False, img_s=_learner_img_s(pe, False, *common)))
+    return rows
+
+# %% ../nbs/14_bench.ipynb #196a7313
+def _train_table(rows: list[dict], baseline: str | None) -> tuple[pd.DataFrame, tuple[float, float, float]]:
+    "The rows as a table with each path's ratio to the plain loop, to the learner with APE and (if given) to timm's `baseline`; and the plain, learner and RPT images/s."
+    df = pd.DataFrame(rows)
+    plain = df.img_s[0]
+    ape = df.img_s[(df.path == 'learner') & (df.pe == 'ape') & ~df.rpt].item()
+    rpt = df.img_s[(df.path == 'learner') & (df.pe == 'ape') & df.rpt].item()
+    df['vs_plain'] = (df.img_s / plain).round(3)
+    df['vs_learner_ape'] = (df.img_s / ape).round(3)
+    if baseline is not None: df['vs_timm'] = (df.img_s / df.img_s[1]).round(3)
+    df['img_s'] = df.img_s.round(1)
+    return df, (plain, ape, rpt)
 
 # %% ../nbs/14_bench.ipynb #f6e107bc
 def bench_train(model: str = 'pe_vit_nano_patch1_8',
@@ -302,36 +349,8 @@ def bench_train(model: str = 'pe_vit_nano_patch1_8',
     data = _synthetic(img, bs * (steps + warmup), 10, device)
     r = get_recipe('fast', bs=bs, compile=compile, aug='none', label_smoothing=0.1)
     pes = tuple(PE_NAMES) if pes is None else tuple(pes)
-    rows = []
-    def learner_img_s(pe, rpt):
-        timer = _Timer(warmup)
-        learn = pe_learner(data, 'ape', model=model, recipe=r, pe=pe, rpt=rpt, device=device, model_kwargs=model_kwargs,
-                           show_progress=False, cbs=[timer])
-        learn.fit(1, r.lr)                                          # constant lr: the schedule is not what is timed
-        return timer.img_s
-    set_seed(0)
-    net = timm.create_model(model, pe='ape', num_classes=10, **(model_kwargs or {}))
-    if compile: net.compile()
-    rows.append(dict(path='plain', pe='ape', rpt=False, img_s=_plain_loop(net, data, bs, steps, warmup, r, device)))
-    if baseline is not None:                                        # timm's own ViT through the same loop
-        set_seed(0)
-        base = timm.create_model(baseline, pretrained=False, num_classes=10, **(baseline_kwargs or {}))
-        if compile: base.compile()
-        rows.append(dict(path=f'timm {baseline}', pe='ape', rpt=False,
-                         img_s=_plain_loop(base, data, bs, steps, warmup, r, device)))
-        del base
-    rows.append(dict(path='learner', pe='ape', rpt=False, img_s=learner_img_s('ape', False)))
-    rows.append(dict(path='learner', pe='ape', rpt=True, img_s=learner_img_s('ape', True)))
-    for pe in pes:
-        if pe != 'ape': rows.append(dict(path='learner', pe=pe, rpt=False, img_s=learner_img_s(pe, False)))
-    df = pd.DataFrame(rows)
-    plain = df.img_s[0]
-    ape = df.img_s[(df.path == 'learner') & (df.pe == 'ape') & ~df.rpt].item()
-    rpt = df.img_s[(df.path == 'learner') & (df.pe == 'ape') & df.rpt].item()
-    df['vs_plain'] = (df.img_s / plain).round(3)
-    df['vs_learner_ape'] = (df.img_s / ape).round(3)
-    if baseline is not None: df['vs_timm'] = (df.img_s / df.img_s[1]).round(3)
-    df['img_s'] = df.img_s.round(1)
+    rows = _train_rows(model, data, r, bs, steps, warmup, pes, compile, device, model_kwargs, baseline, baseline_kwargs)
+    df, (plain, ape, rpt) = _train_table(rows, baseline)
     if verbose:
         print(f"bench_train: {model}, bs {bs}, {steps} timed steps after {warmup} warm-up, "
               f"{'bf16' if device.type == 'cuda' else 'fp32'}, compile={compile}")

@@ -5,22 +5,27 @@
 # %% ../nbs/10h_causal.ipynb #1affe052
 from __future__ import annotations
 import math
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .core import FACTORIAL, FACTORIAL_SCALES, FACTORIAL_SHUFFLES, PADDING_TWINS, condition_label, condition_order
-from .stats import LEVEL, Comparison, TooFewSeeds, compare, detectable_effect, fmt_p, holm, p_is, pooled_sd
+from .core import FACTORIAL, PADDING_TWINS, condition_label, condition_order
+from .stats import LEVEL, Comparison, TooFewSeeds, compare, detectable_effect, holm, p_is, pooled_sd
+from .testbed import (C10C_MEAN, STUDY_TABLES, Line, Tables, effective_robustness, fig_testbed, fit_line,
+                                load_tables, testbed)
+
+# the testbed and effective robustness, importable from here as before (defined on their own page)
+_all_ = ['STUDY_TABLES', 'C10C_MEAN', 'Tables', 'load_tables', 'testbed', 'Line', 'fit_line', 'effective_robustness',
+         'fig_testbed']
 
 # %% auto #0
-__all__ = ['STUDY_TABLES', 'C10C_MEAN', 'PAIRED', 'QUANTITIES', 'PAIRS', 'POSITION_FREE', 'DOSE_SET', 'OUTCOMES', 'PRIMARY',
-           'corruption_summary', 'Tables', 'load_tables', 'testbed', 'Line', 'fit_line', 'effective_robustness',
-           'fig_testbed', 'model_points', 'model_labels', 'seeds_of', 'read_pair', 'pair_line', 'pair_table',
-           'per_model', 'two_groups', 'graded', 'dose_response', 'factorial_points', 'two_way', 'detectable',
-           'matched_accuracy', 'compare_matched', 'causal_analysis', 'causal_summary']
+__all__ = ['PAIRED', 'QUANTITIES', 'PAIRS', 'POSITION_FREE', 'DOSE_SET', 'OUTCOMES', 'PRIMARY', 'corruption_summary',
+           'model_points', 'model_labels', 'seeds_of', 'read_pair', 'pair_line', 'pair_table', 'per_model',
+           'two_groups', 'graded', 'dose_response', 'factorial_points', 'two_way', 'detectable', 'matched_accuracy',
+           'compare_matched', 'causal_analysis', 'causal_summary', 'STUDY_TABLES', 'C10C_MEAN', 'Tables', 'load_tables',
+           'testbed', 'Line', 'fit_line', 'effective_robustness', 'fig_testbed']
 
 # %% ../nbs/10h_causal.ipynb #c8947164
 def corruption_summary(df: pd.DataFrame, by: str = 'category') -> pd.DataFrame:
@@ -30,133 +35,6 @@ def corruption_summary(df: pd.DataFrame, by: str = 'category') -> pd.DataFrame:
     t['mean FS'] = df.groupby(['condition', 'seed'])['fs'].mean().groupby('condition').mean()
     t['seeds'] = df.groupby('condition')['seed'].nunique()
     return t.loc[condition_order(t.index)]
-
-# %% ../nbs/10h_causal.ipynb #733c3fb9
-@dataclass
-class Tables:
-    "Every experiment's results table and the study tables of every experiment, concatenated."
-    results: dict
-    cifar10c: pd.DataFrame | None = None
-    resolution: pd.DataFrame | None = None
-    signal: pd.DataFrame | None = None
-    padding: pd.DataFrame | None = None
-    trajectory: pd.DataFrame | None = None
-
-STUDY_TABLES = {'cifar10c': 'cifar10c', 'resolution': 'resolution', 'signal': 'signal_ratio', 'padding': 'peg_padding',
-                'trajectory': 'trajectory'}
-
-def load_tables(root, experiments: Sequence[str] | None = None) -> Tables:
-    "The results and study tables of the results folders under `root` (those of `experiments`, default every one with a results table)."
-    from pathlib import Path
-    from pe_anchors.results import load_results, read_results, read_table
-    from pe_anchors.rundir import ExperimentDir
-    root = Path(root)
-    names = experiments or sorted(d.name for d in root.iterdir() if d.is_dir() and ExperimentDir(d).results.exists())
-    eds = {n: ExperimentDir(root / n) for n in names}
-    res = {n: load_results(ed.results) for n, ed in eds.items()}
-    out = {}
-    for k, f in STUDY_TABLES.items():
-        frames = [(read_results if k == 'padding' else read_table)(ed.table(f)) for ed in eds.values() if ed.table(f).exists()]
-        out[k] = pd.concat(frames, ignore_index=True) if frames else None
-    return Tables(res, **out)
-
-# %% ../nbs/10h_causal.ipynb #75d0edbb
-C10C_MEAN = 'C10-C mean'
-
-def _logit(p) -> np.ndarray:
-    p = np.clip(np.asarray(p, dtype=float), 1e-4, 1 - 1e-4)
-    return np.log(p / (1 - p))
-
-def _expit(z) -> np.ndarray: return 1 / (1 + np.exp(-np.asarray(z, dtype=float)))
-
-def testbed(results: dict | None = None,           # experiment -> results table (trained models: JPEG and blur at the paper's severity)
-            corruptions: pd.DataFrame | None = None, # CIFAR-10-C tables (their `experiment` column says whose)
-            trajectories: pd.DataFrame | None = None,# trajectory tables (study.trajectory_study)
-           ) -> pd.DataFrame:
-    """One row per model point and shift: `experiment, condition, seed, epoch` (NaN for a finished model), `shift`,
-    `acc_clean` (on the images the shift was measured on) and `acc_shift`."""
-    from pe_anchors.results import main_rows
-    rows = []
-    for name, df in (results or {}).items():
-        d = main_rows(df)
-        d = d[(d['stage'] == 'trained') & (d['metric'] == 'acc')]
-        for (c, s), g in d.groupby(['condition', 'seed']):
-            clean = g.loc[g['shift'] == 'clean', 'value']
-            for kind, label in (('jpeg', 'JPEG'), ('blur', 'blur')):
-                v = g.loc[(g['shift'] == kind) & (g['severity'].astype(str) == 'paper'), 'value']
-                if len(clean) and len(v): rows.append(dict(experiment=name, condition=c, seed=int(s), epoch=np.nan, shift=label,
-                                                           acc_clean=float(clean.iloc[0]), acc_shift=float(v.iloc[0])))
-    if corruptions is not None and len(corruptions):
-        for (e, c, s), g in corruptions.groupby(['experiment', 'condition', 'seed']):
-            base = dict(experiment=e, condition=c, seed=int(s), epoch=np.nan, acc_clean=float(g['acc_clean'].iloc[0]))
-            rows.append(dict(base, shift=C10C_MEAN, acc_shift=float(g['acc'].mean())))
-            for cat, h in g.groupby('category'): rows.append(dict(base, shift=f'C10-C {cat}', acc_shift=float(h['acc'].mean())))
-    if trajectories is not None and len(trajectories):
-        for r in trajectories.itertuples():
-            base = dict(experiment=r.experiment, condition=r.condition, seed=int(r.seed), epoch=int(r.epoch))
-            rows += [dict(base, shift='JPEG', acc_clean=r.acc_clean, acc_shift=r.acc_jpeg),
-                     dict(base, shift='blur', acc_clean=r.acc_clean, acc_shift=r.acc_blur),
-                     dict(base, shift=C10C_MEAN, acc_clean=r.acc_c10c_clean, acc_shift=r.acc_c10c)]
-    return pd.DataFrame(rows, columns=['experiment', 'condition', 'seed', 'epoch', 'shift', 'acc_clean', 'acc_shift'])
-
-# %% ../nbs/10h_causal.ipynb #302a2288
-@dataclass(frozen=True)
-class Line:
-    "The fitted line of a shift: logit shifted accuracy = intercept + slope × logit clean accuracy."
-    shift: str
-    slope: float
-    intercept: float
-    r2: float
-    n: int
-    def predict(self, acc_clean) -> np.ndarray: return _expit(self.intercept + self.slope * _logit(acc_clean))
-    def __str__(self) -> str:
-        return (f"{self.shift}: logit A_shift = {self.intercept:+.3f} + {self.slope:.3f} × logit A_clean "
-                f"(R² {self.r2:.2f}, {self.n} points)")
-
-def fit_line(points: pd.DataFrame, shift: str) -> Line:
-    "The least-squares line of `shift` through the testbed `points` on the logit scale."
-    p = points[points['shift'] == shift]
-    if len(p) < 3: raise ValueError(f"{len(p)} point(s) of {shift!r} in the testbed: a line needs at least 3")
-    r = stats.linregress(_logit(p['acc_clean']), _logit(p['acc_shift']))
-    return Line(shift, float(r.slope), float(r.intercept), float(r.rvalue ** 2), len(p))
-
-def effective_robustness(points: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Line]]:
-    "The testbed with `fs` and `er` per row (each shift's own line), and the lines."
-    lines = {s: fit_line(points, s) for s in points['shift'].unique() if (points['shift'] == s).sum() >= 3}
-    out = points[points['shift'].isin(lines)].copy()
-    out['fs'] = 1 - out['acc_shift'] / out['acc_clean']
-    out['er'] = [float(a - lines[s].predict(c)) for s, c, a in zip(out['shift'], out['acc_clean'], out['acc_shift'])]
-    return out.reset_index(drop=True), lines
-
-# %% ../nbs/10h_causal.ipynb #f7696f15
-def fig_testbed(points: pd.DataFrame, lines: dict, shifts: Sequence[str] = ('JPEG', 'blur', C10C_MEAN),
-                label: Callable[[str, str], str] | None = None):  # (experiment, condition) -> legend label
-    "Shifted against clean accuracy per shift (logit axes): finished models labelled, trajectories joined, the fitted line."
-    import matplotlib.pyplot as plt
-    from pe_anchors.plots import condition_color
-    label = label or (lambda e, c: condition_label(c))
-    fig, axs = plt.subplots(len(shifts), 1, figsize=(7.5, 4.6 * len(shifts)))
-    for ax, s in zip(np.atleast_1d(axs), shifts):
-        p = points[points['shift'] == s]
-        traj = p[p['epoch'].notna()]
-        for (e, c, seed), g in traj.groupby(['experiment', 'condition', 'seed']):
-            g = g.sort_values('epoch')
-            ax.plot(_logit(g['acc_clean']), _logit(g['acc_shift']), '-', color=condition_color(c), lw=.7, alpha=.5, ms=2, marker='.')
-        fin = p[p['epoch'].isna()]
-        for (e, c), g in fin.groupby(['experiment', 'condition']):
-            x, y = _logit(g['acc_clean']), _logit(g['acc_shift'])
-            ax.scatter(x, y, s=22, color=condition_color(c), edgecolor='k', lw=.3, zorder=3)
-            ax.annotate(label(e, c), (x.mean(), y.mean()), fontsize=6.5, xytext=(3, 2), textcoords='offset points')
-        if s in lines:
-            xs = np.linspace(_logit(p['acc_clean']).min(), _logit(p['acc_clean']).max(), 50)
-            ax.plot(xs, lines[s].intercept + lines[s].slope * xs, 'k--', lw=1, label=f"fit: slope {lines[s].slope:.2f}, R² {lines[s].r2:.2f}, {lines[s].n} points")
-        ticks = np.array([.1, .2, .3, .4, .5, .6, .7, .8, .9])
-        ax.set_xticks(_logit(ticks)); ax.set_xticklabels([f"{t:.1f}" for t in ticks])
-        lo, hi = ax.get_ylim(); yt = ticks[(_logit(ticks) > lo) & (_logit(ticks) < hi)]
-        ax.set_yticks(_logit(yt)); ax.set_yticklabels([f"{t:.1f}" for t in yt])
-        ax.set_xlabel('clean accuracy (logit scale)'); ax.set_ylabel(f'{s} accuracy (logit scale)')
-        ax.grid(alpha=.3); ax.legend(fontsize=8, loc='upper left', title='dots: finished models; thin lines: along training', title_fontsize=7)
-    fig.tight_layout(); return fig
 
 # %% ../nbs/10h_causal.ipynb #71118eac
 def _point(df, c, s, alpha=None) -> dict:
@@ -489,6 +367,7 @@ def causal_analysis(T: Tables) -> dict:
     return dict(testbed=tb, er=er, lines=lines, points=pts, factorial=fp, fits=fits, adjusted=adj, holm=hp,
                 runs=fp[['condition', 'seed']].drop_duplicates().shape[0], cells=fp['condition'].nunique())
 
+# %% ../nbs/10h_causal.ipynb #1babb4e1
 def _ci(c: Comparison, d: int = 3) -> str:
     if not np.isfinite(c.low): return f"{c.effect:+.{d}f} (no interval: {int(c.df)} error df)"
     return f"{c.effect:+.{d}f} [{c.low:+.{d}f}, {c.high:+.{d}f}]"
@@ -509,6 +388,7 @@ def _exploratory(f: dict) -> str:
             f"({p_is(a['geometry'].p)}) and its fragility by {_ci(b['geometry'])}; the 16× louder table changes them by "
             f"{_ci(a['loudness'])} ({p_is(a['loudness'].p)}) and {_ci(b['loudness'])}")
 
+# %% ../nbs/10h_causal.ipynb #139f6c5c
 def causal_summary(A: dict, short: bool = False) -> str:
     "What the factorial decides, printed from `causal_analysis`'s values (`short`: at most five lines for the front page)."
     f, hp = A['fits'], A['holm']

@@ -5,7 +5,6 @@
 # %% ../nbs/10c_claims.ipynb #699048ef
 from __future__ import annotations
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Sequence
 
@@ -15,15 +14,18 @@ import pandas as pd
 from .core import condition_label
 from .paper import PAPER_ALPHA, PAPER_RPI_RANGES, PAPER_SSDC, PAPER_TABLE5, PAPER_UNTRAINED_NOPE
 from .results import (FS_CHANCE_FACTOR, alpha_rows, chance_level, main_rows, near_chance, result_frame)
-from .stats import (LEVEL, Comparison, Equivalence, TooFewSeeds, compare, detectable_effect, equivalence,
-                              holm)
+from .stats import LEVEL, Comparison, TooFewSeeds, compare, holm
 from .measures import (Missing, Quantity, acc, delta, difference, fs, fs_chance, layers, peak, per_seed,
                                  reference_sd, rpi, ssdc, within)
+from .verdict import Claim, Evidence, NotTestable, Outcome, Part, _verdict, decide, evaluate
+
+# how a claim is decided, importable from here as before (defined on its own page)
+_all_ = ['NotTestable', 'Evidence', 'Part', 'Outcome', 'decide', 'Claim', 'evaluate']
 
 # %% auto #0
-__all__ = ['ANCHOR_MARGIN', 'RPT_LIKE_SHARE', 'CONTROL', 'UNPERMUTED_MARGIN', 'CLAIMS', 'CLAIM_IDS', 'NotTestable', 'Evidence',
-           'Part', 'Outcome', 'decide', 'Claim', 'gate', 'evaluate', 'verdicts', 'split_verdicts',
-           'paper_table5_results', 'anchoring']
+__all__ = ['ANCHOR_MARGIN', 'RPT_LIKE_SHARE', 'CONTROL', 'UNPERMUTED_MARGIN', 'CLAIMS', 'CLAIM_IDS', 'gate', 'verdicts',
+           'split_verdicts', 'paper_table5_results', 'anchoring', 'NotTestable', 'Evidence', 'Part', 'Outcome',
+           'decide', 'Claim', 'evaluate']
 
 # %% ../nbs/10c_claims.ipynb #e2c86495
 ANCHOR_MARGIN = .03     # RPI-SSDC differences within ± this are 'the same' (equivalence margin): ~3 one-run chance SDs
@@ -31,112 +33,6 @@ RPT_LIKE_SHARE = .5     # 'RPT is NoPE-like': equivalent to NoPE within this sha
 CONTROL = 'nope'        # the content-only control every RPI curve is compared with, layer by layer, paired by seed
 UNPERMUTED_MARGIN = max(abs(PAPER_SSDC['normal'][c][-1] - PAPER_SSDC['normal']['nope'][-1])
                         for c in ('ape', 'spe', 'rope'))    # Fig. 4: how close to NoPE the paper's PEs end, unpermuted
-
-# %% ../nbs/10c_claims.ipynb #31c144e0
-class NotTestable(Exception):
-    "A claim whose precondition fails on this table (the message says which and why)."
-
-@dataclass
-class Evidence:
-    "A results table at one stage, for checks: per-seed values and tests on named quantities."
-    df: pd.DataFrame
-    stage: str = 'trained'
-    chance: float = math.nan
-
-    def values(self, condition: str, q: Quantity) -> pd.Series: return per_seed(self.df, condition, q, self.stage)
-    def ref(self, q: Quantity): return reference_sd(self.df, q, self.stage)
-
-    def vs(self, a: str, b: str, q: Quantity, qb: Quantity | None = None) -> Comparison:
-        "`q` of `a` minus (`qb` or `q`) of `b`, by the quantity's test (`difference`)."
-        return difference(self.df, a, b, q, self.stage, qb)
-
-    def within(self, a: str, q1: Quantity, q2: Quantity) -> Comparison:
-        "`q1` minus `q2` of one condition, paired by seed (e.g. its last layer against its layer 1)."
-        return within(self.df, a, q1, q2, self.stage)
-
-    def above(self, a: str, q: Quantity, mu: float = 0.) -> Comparison:
-        return compare(self.values(a, q), mu=mu, ref_sd=self.ref(q))
-
-    def same(self, a: str, b: str | None, q: Quantity, margin: float, qb: Quantity | None = None) -> Equivalence:
-        "Equivalence (TOST) of `q` of `a` and `b` (or of `a` and 0) within ±`margin`, by the quantity's test."
-        vb = None if b is None else self.values(b, qb or q)
-        return equivalence(self.values(a, q), vb, margin=margin, paired='auto' if q.paired else False, ref_sd=self.ref(q))
-
-    def meaningful_fs(self, *conds: str):
-        "Refuse (NotTestable) when a condition's clean accuracy is below FS_CHANCE_FACTOR × chance: its FS means nothing."
-        low = [c for c in conds if near_chance(self.values(c, acc()).mean(), self.chance)]
-        if low: raise NotTestable(f"FS is not meaningful near chance: clean accuracy of "
-                                  f"{', '.join(f'{condition_label(c)} {self.values(c, acc()).mean():.3f}' for c in low)} "
-                                  f"is below {FS_CHANCE_FACTOR:g} × chance = {FS_CHANCE_FACTOR * self.chance:.3f}")
-
-# %% ../nbs/10c_claims.ipynb #f120b964
-@dataclass(frozen=True)
-class Part:
-    "One test inside a claim: what it compares, its result, the direction the claim needs, and the paper's value of it."
-    key: str                                   # the part's name, the same on the trained and the untrained models
-    label: str                                 # how a table names it
-    result: Comparison | Equivalence
-    want: str = '>'                            # '>' / '<': the sign the claim needs; '≈': equivalent; '': shown only
-    paper: float = math.nan                    # the paper's value of the same effect (NaN: it reports none)
-
-    @property
-    def p_for(self) -> float:
-        "The p that decides for the claim (1 when the effect points the other way)."
-        r = self.result
-        if self.want == '≈': return r.p
-        if self.want in ('>', '<'): return r.p if (r.effect > 0) == (self.want == '>') and r.effect != 0 else 1.
-        return math.nan
-
-    @property
-    def p_against(self) -> float:
-        "The p that decides against the claim: the effect's other sign, or (equivalence) beyond the margin."
-        r = self.result
-        if self.want == '≈': return r.p_beyond
-        if self.want in ('>', '<'): return r.p if (r.effect < 0) == (self.want == '>') and r.effect != 0 else 1.
-        return math.nan
-
-    def holds(self, level: float = 1 - LEVEL) -> bool: return bool(self.p_for < level)
-
-    def __str__(self) -> str:
-        return f"{self.label}: {self.result}" + ('' if math.isnan(self.paper) else f", paper {self.paper:+.3f}")
-
-# %% ../nbs/10c_claims.ipynb #65e29153
-@dataclass
-class Outcome:
-    "A check's parts (`Part`, tested or shown) and a note."
-    parts: list                                # the Parts, in the order the claim states them
-    note: str = ''
-
-def decide(parts: Sequence[Part], held: Sequence[str] = ()) -> tuple[str, Part]:
-    """The side the tested parts lean to ('for' or 'against') and the part that decides it, before any adjustment:
-    'against' when a part contradicts the claim more clearly than the weakest needed part supports it, else 'for',
-    with the weakest part among those that can fail (`held`: keys of parts that hold on the untrained models)."""
-    tests = [p for p in parts if p.want]
-    if not tests: raise ValueError("a claim needs at least one tested part")
-    against = min(tests, key=lambda p: p.p_against)
-    pool = [p for p in tests if p.key not in held or not p.holds()] or tests
-    weakest = max(pool, key=lambda p: p.p_for)
-    return ('against', against) if against.p_against < weakest.p_for else ('for', weakest)
-
-# %% ../nbs/10c_claims.ipynb #419c43e8
-@dataclass(frozen=True)
-class Claim:
-    "One claim of the paper, checked on a results table."
-    id: str
-    text: str
-    paper: Callable[[], str]                      # the paper's evidence, from pe_anchors.paper
-    needs: tuple                                  # (condition, Quantity) pairs the check reads
-    check: Callable[[Evidence], Outcome]
-    group: str = 'structure'                      # 'structure', 'fragility', 'accuracy', 'alpha'
-    construction: str = ''                        # non-empty: why it holds by construction (a sanity check)
-
-    def missing(self, ev: Evidence) -> list[str]:
-        "What the table lacks of `needs` at the evidence's stage."
-        out = []
-        for c, q in self.needs:
-            try: ev.values(c, q)
-            except Missing as e: out.append(str(e).replace(' is not measured', ''))
-        return out
 
 # %% ../nbs/10c_claims.ipynb #4df15f48
 def _paper_rpi(c: str, layer: int | str) -> float:
@@ -419,59 +315,6 @@ CLAIMS = [
 ]
 CLAIM_IDS = [c.id for c in CLAIMS]
 assert len(set(CLAIM_IDS)) == len(CLAIM_IDS)
-
-# %% ../nbs/10c_claims.ipynb #04e3add2
-def _words(parts: Sequence[Part], held: Sequence[str], note: str) -> str:
-    return '; '.join(str(p) + (' (holds at initialisation)' if p.key in held and p.want else '') for p in parts) \
-        + (f"; {note}" if note else '')
-
-def evaluate(claim: Claim, df: pd.DataFrame, stage: str = 'trained', chance: float = math.nan,
-             held: Sequence[str] = (),          # keys of the parts that hold on the untrained models
-            ) -> dict:
-    """One claim on one stage of a table, before any adjustment: the side its parts lean to, the deciding part (its
-    effect, interval, test, n, p, the paper's value, the effect the test detects with 80% power), the raw verdict
-    ('yes', 'no', 'inconclusive' at .05; 'not testable', 'n/a') and every part in words."""
-    ev = Evidence(df, stage, chance)
-    out = dict(id=claim.id, verdict='n/a', side='', part='', want='', effect=math.nan, low=math.nan, high=math.nan,
-               interval='', test='', n='', p=math.nan, paper=math.nan, margin=math.nan, detectable=math.nan,
-               evidence='', holding=())
-    miss = claim.missing(ev)
-    if miss: return {**out, 'evidence': 'missing: ' + '; '.join(miss)}
-    try: o = claim.check(ev)
-    except NotTestable as e: return {**out, 'verdict': 'not testable', 'evidence': str(e)}
-    except Missing as e: return {**out, 'evidence': f"missing: {e}".replace(' is not measured', '')}
-    except TooFewSeeds as e: return {**out, 'verdict': 'inconclusive', 'evidence': f"one seed: {e}"}
-    side, d = decide(o.parts, held)
-    p = d.p_for if side == 'for' else d.p_against
-    r = d.result
-    raw = ('yes' if side == 'for' else 'no') if p < 1 - LEVEL else 'inconclusive'
-    return {**out, 'verdict': raw, 'side': side, 'part': d.label, 'want': d.want, 'effect': r.effect, 'low': r.low,
-            'high': r.high, 'interval': r.interval, 'test': r.test, 'n': r.n, 'p': p, 'paper': d.paper,
-            'margin': getattr(r, 'margin', math.nan), 'detectable': detectable_effect(r),
-            'evidence': _words(o.parts, held, o.note), 'holding': tuple(x.key for x in o.parts if x.want and x.holds())}
-
-# %% ../nbs/10c_claims.ipynb #6911d11f
-def _relation(r) -> str:
-    """Where the paper's effect lies against our interval: 'inside', 'smaller' / 'larger' (ours), or '' (no paper value);
-    for an equivalence, 'outside' when the paper's own difference is beyond the margin and outside our interval."""
-    P = r['paper_effect']
-    if P is None or math.isnan(P) or r['want'] not in ('>', '<', '≈'): return ''
-    if r['want'] == '≈':                      # an equivalence: the paper's own difference against ours
-        return 'outside' if abs(P) >= r['margin'] and not r['ci_low'] <= P <= r['ci_high'] else 'inside'
-    s = 1 if r['want'] == '>' else -1
-    lo, hi = sorted((s * r['ci_low'], s * r['ci_high']))
-    return 'smaller' if s * P > hi else 'larger' if s * P < lo else 'inside'
-
-def _verdict(r) -> str:
-    "The verdict word of one claim from its adjusted p, its side, the paper's effect and the paper's own reading."
-    if r['raw'] in ('not testable', 'n/a'): return r['raw']
-    decided, rel = r['p_holm'] < 1 - LEVEL, _relation(r)
-    if decided and r['side'] == 'against': return 'contradicts'
-    if decided:
-        if r['paper_reading'] in ('against', 'not decided') or rel == 'outside': return 'departure'
-        return {'smaller': "smaller than the paper's", 'larger': "larger than the paper's"}.get(rel, 'consistent')
-    if rel == 'outside': return 'departure'
-    return {'smaller': "smaller than the paper's", 'larger': "larger than the paper's"}.get(rel, 'inconclusive')
 
 # %% ../nbs/10c_claims.ipynb #f85781d6
 def verdicts(df: pd.DataFrame, num_classes: int | None = None, claims: Sequence[Claim] | None = None,

@@ -4,407 +4,23 @@
 
 # %% ../nbs/13_cli.ipynb #32f6f969
 from __future__ import annotations
-import argparse, contextlib, errno, io, json, os, re, sys, time
-from pathlib import Path
+import argparse, contextlib, errno, io, os, sys
+
+from .cli_args import (UserError, _check_names, _dataset, _threads, _user_errors, alpha_arg, check_device,
+                                 device_arg, load_hint, positive_float, positive_int, threads_arg)
+from .cli_run import (_opts_bench, _opts_demo, _opts_sweep, _opts_train, cmd_bench, cmd_demo, cmd_sweep,
+                                cmd_train)
+from .cli_read import (_opts_analyze, _opts_atlas, _opts_export, _opts_report, _opts_study, cmd_analyze,
+                                 cmd_atlas, cmd_export, cmd_report, cmd_study)
+
+# the argument types and the commands, importable from here as before (each defined on its own page)
+_all_ = ['UserError', 'positive_int', 'positive_float', 'threads_arg', 'alpha_arg', 'device_arg', 'check_device', 'load_hint',
+         'cmd_demo', 'cmd_train', 'cmd_sweep', 'cmd_bench', 'cmd_analyze', 'cmd_report', 'cmd_export', 'cmd_study', 'cmd_atlas']
 
 # %% auto #0
-__all__ = ['COMMANDS', 'UserError', 'positive_int', 'positive_float', 'threads_arg', 'alpha_arg', 'device_arg', 'check_device',
-           'load_hint', 'cmd_demo', 'cmd_train', 'cmd_analyze', 'cmd_sweep', 'cmd_report', 'cmd_export', 'cmd_study',
-           'cmd_atlas', 'cmd_bench', 'parser', 'main']
-
-# %% ../nbs/13_cli.ipynb #e368ee62
-class UserError(Exception):
-    "A mistake the user can fix (bad argument, missing file): reported in one line, exit code 2."
-
-def _user_errors() -> tuple:
-    "Exception types reported in one line (the YAML error only when PyYAML is loaded)."
-    errs = [UserError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError, FileExistsError]
-    if 'yaml' in sys.modules: errs.append(sys.modules['yaml'].YAMLError)
-    return tuple(errs)
-
-def positive_int(s: str) -> int:
-    "argparse type: an integer >= 1."
-    try: v = int(s)
-    except ValueError: raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1: raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-def positive_float(s: str) -> float:
-    "argparse type: a finite number > 0."
-    try: v = float(s)
-    except ValueError: raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not v > 0 or v == float('inf'): raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
-    return v
-
-def threads_arg(s: str) -> int | str:
-    "argparse type: 'auto' or a count of threads or processes from 1 to the cores this process may use."
-    if s == 'auto': return s
-    from pe_anchors.core import check_threads
-    try: return check_threads(positive_int(s), 'the count')
-    except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
-
-def alpha_arg(s: str) -> float:
-    "argparse type: a PE scale α, a number from 0 to `config.ALPHA_MAX`."
-    from pe_anchors.config import ALPHA_MAX
-    try: v = float(s)
-    except ValueError: raise argparse.ArgumentTypeError(f"α must be a number, got {s!r}") from None
-    if not 0 <= v <= ALPHA_MAX: raise argparse.ArgumentTypeError(f"α must be a number in 0..{ALPHA_MAX:g}, got {s}")
-    return v
-
-def device_arg(s: str) -> str:
-    "argparse type: 'cpu', 'cuda', 'cuda:N' or 'mps' (availability is checked when the command runs)."
-    if not re.fullmatch(r'cpu|mps|cuda(:\d+)?', s):
-        raise argparse.ArgumentTypeError(f"unknown device {s!r}; use cpu, cuda, cuda:N or mps")
-    return s
-
-def check_device(device: str | None) -> str | None:
-    "Refuse a GPU device that this machine does not have (one line, before anything runs)."
-    if device is None or device == 'cpu': return device
-    import torch
-    if device.startswith('cuda'):
-        if not torch.cuda.is_available(): raise UserError(f"--device {device}: no CUDA GPU on this machine (use --device cpu)")
-        i = int(device.split(':')[1]) if ':' in device else 0
-        if i >= torch.cuda.device_count(): raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s)")
-    if device == 'mps' and not torch.backends.mps.is_available(): raise UserError("--device mps: MPS is not available here")
-    return device
-
-def _common(p: argparse.ArgumentParser, *, data: bool = True, workers: bool = False,
-            device_help: str = "cpu, cuda, cuda:N (default: cuda if available)"):
-    if data:
-        from pe_anchors.data import DATASETS, DATA_PATH_ENV, takes_path
-        p.add_argument('--data', default=None, help=f"{', '.join(DATASETS)} (default digits), or a dataset folder / .npz path")
-        p.add_argument('--data-path', help=f"where {' / '.join(n for n in DATASETS if takes_path(n))} live (a folder, or a "
-                       f"packed .npz for cifar10; default: {', '.join(f'${v} for {k}' for k, v in DATA_PATH_ENV.items())})")
-    p.add_argument('--device', type=device_arg, help=device_help)
-    _threads_opt(p, workers)
-    p.add_argument('--quiet', action='store_true', help='no progress output')
-
-def _threads_opt(p: argparse.ArgumentParser, workers: bool = False, default: str | None = None):
-    p.add_argument('--threads', type=threads_arg, default=default, metavar='N',
-                   help="torch threads of each run on the CPU, fixed for its whole life (default "
-                        f"{default or '1, or what a resumed run recorded'}; auto: the cores free at its start)"
-                        + ('' if default else ": the same numbers however busy the machine is"))
-    if workers: p.add_argument('--workers', type=threads_arg, default='auto', metavar='N',
-                               help="runs trained at once, each in its own process (default auto: one per core other "
-                                    "processes leave free; 1 on a GPU)")
-
-def _run_opts(p: argparse.ArgumentParser, many: bool):
-    "Options of commands that train: conditions, seeds, epochs, callbacks, restart."
-    from pe_anchors.core import CALLBACKS, CONDITIONS
-    p.add_argument('--condition', '--conditions', dest='conditions', nargs='+' if many else 1, metavar='COND',
-                   help=', '.join(CONDITIONS) + (' (one or more)' if many else ''))
-    p.add_argument('--seed', '--seeds', dest='seeds', nargs='+' if many else 1, type=int, metavar='SEED')
-    p.add_argument('--epochs', type=positive_int)
-    p.add_argument('--cbs', nargs='+', metavar='NAME', help=f"extra fastai callbacks: {', '.join(CALLBACKS)}, or module:Class "
-                   '(a fastai Callback subclass, imported: the command line only, never an experiment file)')
-    p.add_argument('--restart', action='store_true', help='delete earlier results in --out and start over')
-
-# %% ../nbs/13_cli.ipynb #b04d48c7
-def _needs_path(name: str) -> str:
-    "What to tell the user whose dataset `name` has no location."
-    from pe_anchors.data import DATA_PATH_ENV
-    return f"--data-path PATH (where its images are{f', or set {DATA_PATH_ENV[name]}' if name in DATA_PATH_ENV else ''})"
-
-def _dataset(name: str | None, path: str | None):
-    "A dataset by name (those that `takes_path` need a location) or a dataset path."
-    from pe_anchors.data import DATASETS, data_path, get_data, takes_path
-    name = name or 'digits'
-    if takes_path(name):
-        if not data_path(name, path): raise UserError(f"--data {name} needs {_needs_path(name)}")
-        return get_data(name, path=data_path(name, path))
-    if path: raise UserError(f"--data-path is for {', '.join(n for n in DATASETS if takes_path(n))}, not {name!r}")
-    return get_data(name)
-
-def _load_experiment(config: str, a):
-    "The experiment of a preset or file with the command line's overrides; and the `module:Class` callbacks asked for."
-    from pe_anchors.data import data_path, takes_path
-    from pe_anchors.config import Experiment, PRESETS, preset
-    from pe_anchors.learner import CALLBACKS, make_callbacks
-    o = {}
-    if a.conditions: o['conditions'] = a.conditions
-    if a.seeds: o['seeds'] = a.seeds
-    if a.epochs: o['train_kwargs'] = dict(epochs=a.epochs)
-    named, extra = [c for c in a.cbs or [] if c in CALLBACKS], [c for c in a.cbs or [] if c not in CALLBACKS]
-    make_callbacks(extra, allow_import=True)        # each must import and be a fastai Callback, before anything runs
-    if named: o['callbacks'] = named
-    exp = preset(config, **o) if config in PRESETS else Experiment.load(config, **o)
-    if a.data_path:
-        if takes_path(exp.data): exp.data_kwargs = {**exp.data_kwargs, 'path': a.data_path}
-        else: raise UserError(f"--data-path: this experiment's data is {exp.data!r}, which takes no path")
-    if takes_path(exp.data) and not data_path(exp.data, exp.data_kwargs.get('path')):
-        raise UserError(f"the {exp.data} experiment needs the data location: {_needs_path(exp.data)}")
-    return exp, extra
-
-def _out_dir(path: str) -> Path:
-    "`--out` as a directory (made when needed): a file there is refused."
-    p = Path(path)
-    if p.exists() and not p.is_dir(): raise UserError(f"--out {p} is a file: give a directory (it is made if missing)")
-    return p
-
-_PATH_OPTIONS = {'out': '--out', 'dest': '--dest', 'dir': 'the folder'}   # the options that name where a command writes
-
-def _check_names(a):
-    "Refuse, before anything runs, a path a command writes to with a name longer than its file system allows."
-    for opt, label in _PATH_OPTIONS.items():
-        v = getattr(a, opt, None)
-        if not v: continue
-        p = Path(v).absolute()
-        base = next(q for q in [p, *p.parents] if os.path.exists(q))         # (False, never an error, for a long name)
-        try: most = os.pathconf(base, 'PC_NAME_MAX')
-        except (OSError, ValueError, AttributeError): most = 255
-        long = next((part for part in p.parts if len(os.fsencode(part)) > most), None)
-        if long: raise UserError(f"{label} {str(v)[:40]}...: a name in it is {len(os.fsencode(long))} bytes long, more than this "
-                                 f"file system allows ({most}): give a shorter one")
-
-def _experiment_out(path: str) -> Path:
-    "`--out` of a command that runs an experiment: a directory that is not a run (of this or another experiment)."
-    from pe_anchors.rundir import find_run
-    p = _out_dir(path)
-    try: run = find_run(p) if p.exists() else None
-    except ValueError: run = None
-    if run is not None: raise UserError(f"--out {p} is a run, not an experiment directory: give the experiment's directory"
-                                        + (f" ({run.path.parent.parent})" if run.path.parent.name == 'runs' else ''))
-    return p
-
-def _threads(a) -> int | str | None:
-    """Set torch's threads for a computing command: `--threads N`, `auto` (the cores free now), else one; what the run
-    itself is given (None: one, or what a resumed run recorded). One line when other processes keep cores busy."""
-    from pe_anchors.core import auto_threads, busy_cores, set_threads
-    hint = not getattr(a, 'quiet', False) and (os.environ.get('PE_ANCHORS_LOAD_HINT') == '1' or (
-        'PYTEST_CURRENT_TEST' not in os.environ and os.environ.get('PE_ANCHORS_QUIET', '0') != '1'))
-    busy = busy_cores() if (a.threads == 'auto' or hint) else 0.
-    n = set_threads(auto_threads(busy) if a.threads == 'auto' else a.threads or 1)
-    if hint and busy >= .5: print(load_hint(busy, n), file=sys.stderr, flush=True)
-    return a.threads
-
-def load_hint(busy: float, threads: int) -> str:
-    "The one line printed at start when other processes keep `busy` cores busy."
-    from pe_anchors.core import usable_cores
-    return (f"pe_anchors: {busy:.1f} of {usable_cores()} cores are busy with other processes; each run keeps its {threads} "
-            "torch thread(s) (the same numbers, more slowly)")
-
-def _print_verdicts(results):
-    """The report's verdict tables line by line (each claim's deciding part, our effect beside the paper's, raw and Holm
-    p; the key is in the report), then each condition's ΔSSDC and peak RPI-SSDC (where anchoring forms)."""
-    from pe_anchors.claims import verdicts
-    from pe_anchors.stats import p_is
-    from pe_anchors.tables import rpi_summary, verdict_table
-    v = verdicts(results)
-    for kind, head in (('test', 'Tests of the paper\'s claims:'), ('sanity check', 'Sanity checks (hold by construction or '
-                       'before training; not agreement with the paper):')):
-        print(head)
-        for t, r in zip(verdict_table(v, kind).to_dict('records'), v[v['kind'] == kind].itertuples()):
-            part, ours, paper = (t[k].replace('\u00a0', ' ') for k in ('deciding part', 'ours [interval]', "the paper's"))
-            p = f" ({r.test}, {r.n}, {p_is(r.p)}, Holm {p_is(r.p_holm)})" if r.test else ''
-            ours = (f"{part}: {ours}" if part != '–' else ours) + (f"; the paper's: {paper}" if paper != '–' else '')
-            print(f"  [{r.verdict:>12}] {r.claim}\n{'':17}ours: {ours}{p}")
-    print('Anchoring under RPI:'); print('\n'.join(rpi_summary(results)))
-
-# %% ../nbs/13_cli.ipynb #4bbde06b
-def cmd_demo(a):
-    "The offline default: the digits preset (the five paper conditions, on a CPU in minutes), every analysis, the report, against the committed digits runs."
-    from pe_anchors.core import hardware_info
-    from pe_anchors.rundir import ExperimentDir
-    from pe_anchors.sweep import run_experiment
-    from pe_anchors.report import write_report
-    from pe_anchors.reference import demo_summary
-    device = check_device(a.device) or 'cpu'
-    exp, extra = _load_experiment('digits', a)
-    out = _experiment_out(a.out)
-    threads = _threads(a)
-    print(f"pe_anchors demo: {len(exp.runs())} runs of the digits preset ({', '.join(exp.conditions)}) into {out}/\n"
-          f"  {hardware_info(device)}", flush=True)
-    t = time.perf_counter()
-    df = run_experiment(exp, out, device=device, show=False if a.quiet else None, verbose=not a.quiet, restart=a.restart,
-                        extra_callbacks=extra, threads=threads, workers=a.workers)
-    report = write_report(out)
-    print(f"\ndone in {(time.perf_counter() - t) / 60:.1f} min ({len(exp.runs())} runs; the paper: ImageNet-100, 4 seeds).")
-    print('\n'.join(demo_summary(df, exp.to_dict())))
-    print(f"report: {report} (and report.html, figures/; results table: {ExperimentDir(out).results})")
-
-def cmd_train(a):
-    "Train one condition into a run directory (resumed when interrupted, `--restart` to start over); works under `torchrun`."
-    from pe_anchors.learner import make_callbacks, train
-    from pe_anchors.rundir import train_dir_of
-    device = check_device(a.device)
-    kw = {k: v for k, v in dict(epochs=a.epochs, bs=a.bs, lr=a.lr).items() if v is not None}
-    try: out = train_dir_of(a.out).path                                    # a run at any of its levels, or a new one
-    except ValueError as e: raise UserError(f"--out: {e}") from None
-    cbs = make_callbacks(a.cbs, allow_import=True)
-    out = train((a.conditions or ['ape'])[0], _dataset(a.data, a.data_path), a.recipe, run_dir=out,
-                seed=(a.seeds or [0])[0], model=a.model, device=device, pe=a.pe, rpt_mode=a.rpt_mode,
-                show_progress=False if a.quiet else None, resume=not a.restart, cbs=cbs, threads=_threads(a), **kw)
-    out.pop('learn', None)
-    print(json.dumps(out, indent=2))
-
-def _condition(asked: str | None, model, cfg: dict, where: str) -> str:
-    "The condition of a trained model: its run's config (`where`), else its PE; `--condition` only where it agrees with them."
-    from pe_anchors.anatomy import anatomy
-    from pe_anchors.core import CONDITIONS, condition_spec
-    a = anatomy(model, strict=False)
-    pe = a.model.pe if a is not None and a.family == 'pe_vit' else None     # a pe_vit model's PE
-    if asked is not None: condition_spec(asked)                       # a known name
-    if asked and cfg.get('condition') and asked != cfg['condition']:
-        raise UserError(f"--condition {asked} contradicts the run's config ({cfg['condition']}, {where})")
-    if asked and pe is not None and condition_spec(asked)['pe'] != pe:
-        raise UserError(f"--condition {asked} (PE {condition_spec(asked)['pe']}) contradicts the checkpoint, a {pe} model; "
-                        "leave --condition out to take it from the checkpoint")
-    found = cfg.get('condition') or next((c for c, s in CONDITIONS.items() if s['pe'] == pe and not s['rpt']), None)
-    if (asked or found) is None: raise UserError("cannot tell the model's condition: pass --condition")
-    return asked or found
-
-def cmd_analyze(a):
-    "Measure a trained model (a run at any of its levels, a Hub folder or a checkpoint): accuracy, JPEG/blur fragility, SSDC unpermuted and under RPI, ΔSSDC, an α sweep; a PEG with another padding (`--padding`); rows go to OUT/analysis.csv."
-    from pe_anchors.core import write_atomic
-    from pe_anchors.rundir import RUN_FORMS, find_run
-    from pe_anchors.config import Experiment
-    from pe_anchors.evaluate import EvalData, check_data_fits, evaluate_model
-    from pe_anchors.kept import load_trained
-    from pe_anchors.interventions import peg_padding
-    device = check_device(a.device)
-    out = _out_dir(a.out)
-    p = Path(a.model)
-    if not p.exists(): raise UserError(f"no trained model at {p} (give a .safetensors file, a Hub folder, or {RUN_FORMS})")
-    try: model, cfg = load_trained(p)                                # a run at any of its levels, a Hub folder, a file
-    except FileNotFoundError as e: raise UserError(str(e)) from None
-    try: where = str(find_run(p).train.config)                       # the config the condition is read from
-    except ValueError: where = str(p)
-    condition = _condition((a.conditions or [None])[0], model, cfg, where)
-    # a PEG measured with another padding of its convolution (refused, in one line, for a model without a PEG)
-    padded = peg_padding(model, a.padding) if a.padding else contextlib.nullcontext()
-    with padded:
-        threads = _threads(a)
-        ds = _dataset(a.data, a.data_path)
-        check_data_fits(model, ds, cfg)                              # a model of other data or another size: one line
-        exp = Experiment(name=a.name or ds.name, conditions=[condition], ssdc_images=a.ssdc_images, n_perms=a.n_perms,
-                         alphas=a.alphas, alpha_conditions=[condition] if a.alphas else [])
-        ev = EvalData(ds, exp.ssdc_images, exp.eval_bs, device)      # each set built once, for the α rows too
-        df = evaluate_model(model, ev, exp, condition, seed=cfg.get('seed', 0), show=False if a.quiet else None)
-    if a.padding: df = df.assign(padding=a.padding)                  # the column `kept.padding_ablation` writes
-    write_atomic(out / 'analysis.csv', df.to_csv(index=False))      # atomically: a full disk leaves no empty table
-    plain = df[df.get('sweep').isna()] if 'sweep' in df else df
-    ssdc = plain[plain.metric == 'ssdc'].pivot_table(index='layer', columns='mode', values='value')
-    print(ssdc.round(3).to_string())
-    for r in plain[plain.metric.isin(['acc', 'fs', 'delta_ssdc'])].itertuples():
-        print(f"{r.metric:>10} {r.shift or r.mode:>6} {r.severity:>5}: {r.value:.4f}")
-    from pe_anchors.tables import rpi_summary
-    print('\n'.join(rpi_summary(df)))
-    print(f"rows written to {out / 'analysis.csv'}")
-
-# %% ../nbs/13_cli.ipynb #24d9d593
-def cmd_sweep(a):
-    "Run (or continue) an experiment, a preset name or a JSON/YAML file: `--shard` splits its runs over processes, `--condition` runs some of its conditions now (a later sweep into the same `--out` adds the others)."
-    from pe_anchors.rundir import ExperimentDir
-    from pe_anchors.sweep import run_experiment
-    exp, extra = _load_experiment(a.config, a)
-    out, device = _experiment_out(a.out), check_device(a.device)
-    df = run_experiment(exp, out, shard=a.shard, device=device, show=False if a.quiet else None, verbose=not a.quiet,
-                        restart=a.restart, extra_callbacks=extra, threads=_threads(a), workers=a.workers)
-    print(f"{df[['condition', 'seed']].drop_duplicates().shape[0]} finished run(s), {len(df)} rows in {ExperimentDir(out).results}")
-    if len(df):
-        from pe_anchors.tables import rpi_summary
-        print('\n'.join(rpi_summary(df)))
-
-def cmd_report(a):
-    "Regenerate the report of an experiment (its directory or its results.csv), or of another results CSV (with --dest)."
-    from pe_anchors.report import missing_runs, write_report
-    from pe_anchors.results import load_results
-    from pe_anchors.rundir import EXPERIMENT_FORMS, find_experiment
-    p = Path(a.results)
-    if not (p.is_file() and p.suffix == '.csv'):
-        try: p = find_experiment(p).path                               # a run given: one line naming its experiment
-        except FileNotFoundError: raise UserError(f"no experiment at {p}: expected {EXPERIMENT_FORMS}, or a results CSV "
-                                                  "with --dest") from None
-    from pe_anchors.report import report_meta
-    path, df = write_report(p, a.dest), load_results(p)
-    _print_verdicts(df)
-    gone = missing_runs(report_meta(p).get('experiment'), df)
-    if gone: print(f"not finished: {', '.join(gone)} (of the runs the experiment declares)")
-    print(f"report: {path}")
-
-def cmd_export(a):
-    "Write a finished run (at any of its levels) as a Hugging Face Hub folder (timm's layout) with a model card."
-    from pe_anchors.kept import export_run
-    out = export_run(Path(a.run), a.dir, title=a.title)                 # a run at any of its levels, or one line saying so
-    print(f"Hub folder: {out}\n  load it: timm.create_model('local-dir:{out}', pretrained=True) after `import pe_anchors`;"
-          f" push it with huggingface_hub's upload_folder")
-
-def cmd_study(a):
-    "Ask an experiment's kept models again (a results folder or experiment directory): `--mech` (probes, RoPE knockouts, SAEs), `--corruptions` (CIFAR-10-C), `--resolution` (larger test sizes), `--signal` (the position signal at block 0), `--padding` (a PEG's padding), `--trajectory` (along training, from `--cbs snapshots`)."
-    asked = [k for k in ('mech', 'corruptions', 'resolution', 'signal', 'padding', 'trajectory') if getattr(a, k)]
-    if not asked: raise UserError("say what to study: --mech, --corruptions, --resolution, --signal, --padding and/or --trajectory")
-    from pe_anchors.rundir import ExperimentDir, find_experiment
-    p = find_experiment(a.path).path                                  # the directory (a run given: one line naming its experiment)
-    out = ExperimentDir(_out_dir(a.out or p))                        # its tables go where an experiment's analyses go
-    _threads(a)
-    device, show = check_device(a.device), False if a.quiet else None
-    kw = dict(conditions=a.conditions, seeds=a.seeds, data_path=a.data_path, device=device, restart=a.restart)
-    done = lambda name: print(f"rows in {out.table(name)} (models measured with these settings before were not measured again)")
-    if a.mech:
-        from pe_anchors.mech.study import mech_study
-        tabs = mech_study(p, out.mech, show_progress=show, **{**kw, 'conditions': a.conditions or ('ape', 'spe', 'rope', 'nope')})
-        print(f"mechanisms: {', '.join(f'{k} ({len(v)} rows)' for k, v in tabs.items())} in {out.mech}")
-    if a.corruptions:
-        from pe_anchors.shift_study import corruption_study
-        from pe_anchors.causal import corruption_summary
-        cc = corruption_study(p, n_images=a.images, show_progress=show, out=out.path, **kw)
-        print(corruption_summary(cc).round(3).to_string()); done('cifar10c')
-    if a.resolution:
-        _check_sizes(p, a.sizes)                                     # before anything is measured or written
-        from pe_anchors.shift_study import resolution_study
-        rs = resolution_study(p, sizes=a.sizes, ssdc=not a.no_ssdc, show_progress=show, out=out.path, **kw)
-        acc = rs[rs.metric == 'acc'].groupby(['condition', 'rule', 'size'])['value'].mean().unstack('size')
-        print(acc.round(3).to_string()); done('resolution')
-    from pe_anchors.study import padding_study, run_study, signal_ratio_study, trajectory_study
-    for flag, st in (('signal', signal_ratio_study), ('padding', padding_study), ('trajectory', trajectory_study)):
-        if not getattr(a, flag): continue
-        t = run_study(st(), p, out.path, show_progress=show, **kw)
-        print(f"{st().name}: {t[['condition', 'seed']].drop_duplicates().shape[0]} model(s)"); done(st().name)
-
-def _check_sizes(path: Path, sizes: list[int]):
-    "Refuse test sizes whose images could not fit in this machine's memory (the dataset's estimate, `data_bytes`)."
-    from pe_anchors.config import experiment_of
-    from pe_anchors.data import data_bytes
-    from pe_anchors.sweep import ram_bytes
-    exp, ram = experiment_of(path), ram_bytes()
-    for s in sizes:
-        need = data_bytes(exp.data, **{**exp.data_kwargs, 'img_size': s})
-        if need is not None and ram is not None and need > ram:
-            raise UserError(f"--sizes {s}: the {exp.data} images at {s} px need about {need / 2**30:,.0f} GiB of memory and this "
-                            f"machine has {ram / 2**30:,.0f} GiB: give smaller sizes")
-
-def cmd_atlas(a):
-    "What the atlas measures in each model (family, position, taps, unpermuted SSDC, RPI or why not); with --data-path, SSDC per block or stage, unpermuted and (where defined) under RPI, on the same images: OUT/atlas.csv and atlas.png."
-    import pandas as pd
-    from pe_anchors.atlas import atlas, coverage_table
-    _threads(a)
-    kw = dict(img_size=a.img_size, min_stride=a.min_stride or None)
-    cov = coverage_table(a.models, **kw)                              # names built at random initialisation: no download
-    with pd.option_context('display.max_colwidth', None, 'display.width', 10_000): print(cov.to_string(index=False))
-    if not a.data_path:
-        print("give --data-path (an image folder with train/ and val/ class folders, or a packed .npz) to measure them"); return
-    df = atlas(a.models, a.data_path, n_images=a.images, n_perms=a.n_perms, pretrained=not a.random, out=a.out,
-               show_progress=False if a.quiet else None, **kw)
-    last = df.sort_values('layer').groupby(['model', 'mode'])['value'].last().unstack()
-    print(last.round(3).to_string()); print(f"table and figure in {a.out}/ (atlas.csv, atlas.png)")
-
-def cmd_bench(a):
-    "Run a benchmark (ssdc, train, shifts, or gpu: everything that needs a GPU in one call); each prints its figures (named baseline, ratio, hardware)."
-    device = check_device(a.device)
-    _threads(a)
-    if a.what == 'ssdc':
-        from pe_anchors.bench import bench_ssdc
-        bench_ssdc(device=device, **(dict(n_images=100, naive_images=20) if a.quick else {}))
-    elif a.what == 'train':
-        from pe_anchors.bench import bench_train
-        kw = dict(model='pe_vit_nano_patch1_8', steps=5, warmup=2, bs=32) if a.quick else dict(model=a.model)
-        bench_train(device=device, compile=a.compile, **kw)
-    elif a.what == 'shifts':
-        from pe_anchors.bench import bench_shifts
-        bench_shifts(devices=[device] if device else None, **(dict(n_images=32, img_size=64, repeats=1) if a.quick else {}))
-    else:
-        from pe_anchors.bench import gpu_check
-        gpu_check(a.out or 'gpu_check', smoke=a.quick, device=device)
+__all__ = ['COMMANDS', 'parser', 'main', 'UserError', 'positive_int', 'positive_float', 'threads_arg', 'alpha_arg', 'device_arg',
+           'check_device', 'load_hint', 'cmd_demo', 'cmd_train', 'cmd_sweep', 'cmd_bench', 'cmd_analyze', 'cmd_report',
+           'cmd_export', 'cmd_study', 'cmd_atlas']
 
 # %% ../nbs/13_cli.ipynb #d3caaf8d
 def _version() -> str:
@@ -417,113 +33,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
-# %% ../nbs/13_cli.ipynb #6721a400
-def _opts_demo(s):
-    s.add_argument('--out', default='pe_anchors_demo', help='experiment directory (default: ./pe_anchors_demo)')
-    _run_opts(s, many=True)
-    _common(s, data=False, workers=True, device_help='cpu (default), cuda, cuda:N')
-    s.set_defaults(data_path=None)
-
-def _opts_train(s):
-    from pe_anchors.pos_embed import PE_NAMES
-    from pe_anchors.learner import RECIPES
-    from pe_anchors.hooks import TRAIN_PERM_MODES
-    _run_opts(s, many=False)
-    s.add_argument('--pe', help=f"positional encoding, overriding the condition's ({', '.join(PE_NAMES)})")
-    s.add_argument('--out', '--run-dir', dest='out', required=True, help='run directory: config, metrics, checkpoints, model')
-    s.add_argument('--model', help='timm model name (default: from the image size)')
-    s.add_argument('--recipe', default='fast', choices=list(RECIPES), help="training recipe (default fast)")
-    s.add_argument('--bs', type=positive_int); s.add_argument('--lr', type=positive_float)
-    s.add_argument('--rpt-mode', default=TRAIN_PERM_MODES[0], choices=TRAIN_PERM_MODES,
-                   help=f"RPT permutation: '{TRAIN_PERM_MODES[0]}' (paper, the default) or one per image")
-    _common(s)
-
-def _opts_analyze(s):
-    from pe_anchors.core import N_PERMS
-    from pe_anchors.core import PADDING_MODES
-    from pe_anchors.config import Experiment
-    images = Experiment.defaults()['ssdc_images']
-    s.add_argument('model', help="a finished run (the run, its train/, its model/ or the model file in either), a Hub folder "
-                                 "or a .safetensors checkpoint")
-    s.add_argument('--condition', dest='conditions', nargs=1, metavar='COND',
-                   help='the model condition (read from the run config when present)')
-    s.add_argument('--ssdc-images', type=positive_int, default=images, help=f'images SSDC is averaged over (default {images})')
-    s.add_argument('--n-perms', type=positive_int, default=N_PERMS, help=f'RPI permutation draws (default {N_PERMS})')
-    s.add_argument('--alphas', type=alpha_arg, nargs='*', default=[], help='α values for a PE-scaling sweep')
-    s.add_argument('--padding', choices=PADDING_MODES,
-                   help="measure a PEG model with its convolution padded this way (trained: zeros; circular hides the border)")
-    s.add_argument('--name', help='dataset label in the output rows')
-    s.add_argument('--out', default='.', help='directory for analysis.csv (default: .)')
-    _common(s)
-
-def _opts_sweep(s):
-    from pe_anchors.data import DATASETS, takes_path
-    from pe_anchors.config import PRESETS
-    s.add_argument('config', help=f"{', '.join(PRESETS)}, or a JSON/YAML experiment file")
-    s.add_argument('--out', required=True, help='experiment directory')
-    s.add_argument('--shard', help="'i/n' to run every n-th run from i, or 'auto' (torchrun / Slurm array variables)")
-    _run_opts(s, many=True)
-    s.add_argument('--data-path', help=f"where the data live (for {' / '.join(n for n in DATASETS if takes_path(n))} experiments)")
-    _common(s, data=False, workers=True)
-
-def _opts_report(s):
-    s.add_argument('results', help='an experiment directory or its results.csv, or another results CSV (then --dest is needed)')
-    s.add_argument('--dest', help='where the report goes (default: DIR/report)')
-
 # %% ../nbs/13_cli.ipynb #58e6d49d
-def _opts_export(s):
-    s.add_argument('run', help="a finished run (`pe_anchors train --out RUN`, or OUT/runs/<condition>-s<seed> of a sweep), its train/, "
-                               "its model/ or the model file in either")
-    s.add_argument('dir', help='the Hub folder to create (must not exist, or be empty)')
-    s.add_argument('--title', help="the model card's title")
-
-def _opts_study(s):
-    s.add_argument('path', help='an experiment directory or a results folder with kept models (runs/<run>/model/), or its results.csv')
-    s.add_argument('--mech', action='store_true', help='position probes with the content floor, RoPE knockouts and rebuild heads, SAEs')
-    s.add_argument('--corruptions', action='store_true', help='every CIFAR-10-C corruption at its 5 severities')
-    s.add_argument('--resolution', action='store_true', help='test sizes above the training grid (each PE by its own rule)')
-    s.add_argument('--signal', action='store_true', help='the position signal against the content at block 0 (trained and untrained)')
-    s.add_argument('--padding', action='store_true', help="each PEG model with its convolution padded otherwise")
-    s.add_argument('--trajectory', action='store_true', help='initialisation and each snapshot of runs trained with --cbs snapshots')
-    s.add_argument('--restart', action='store_true', help='measure every model again (needed to change a study\'s settings)')
-    s.add_argument('--images', type=positive_int, default=2000, help='--corruptions: the stratified validation subset (default 2000)')
-    s.add_argument('--sizes', type=positive_int, nargs='+', default=[32, 40, 48, 64], help='--resolution: test image sides')
-    s.add_argument('--no-ssdc', action='store_true', help='--resolution: accuracy only (the SSDC curves at every size are the slow part)')
-    s.add_argument('--condition', dest='conditions', nargs='+', metavar='COND', help='only these conditions')
-    s.add_argument('--seed', dest='seeds', type=int, nargs='+', help='only these seeds')
-    s.add_argument('--data-path', help='where the experiment\'s data are on this machine')
-    s.add_argument('--out', help='where the tables go (default: the PATH itself)')
-    s.add_argument('--device', type=device_arg)
-    _threads_opt(s)
-    s.add_argument('--quiet', action='store_true')
-
-def _opts_atlas(s):
-    import inspect
-    from pe_anchors.atlas import atlas
-    d = {k: v.default for k, v in inspect.signature(atlas).parameters.items()}
-    s.add_argument('models', nargs='+', help="timm model names, any family (e.g. vit_base_patch16_224.augreg_in1k hiera_tiny_224.mae_in1k_ft_in1k resnet50.a1_in1k) or "
-                   "trained models: runs at any of their levels, Hub folders, .safetensors files")
-    s.add_argument('--data-path', help='image folder (train/<class>/*, val/<class>/*) or a packed .npz; without it, only what would be measured')
-    s.add_argument('--out', default='atlas', help='output directory (default: ./atlas)')
-    s.add_argument('--images', type=positive_int, default=d['n_images'],
-                   help=f"validation images, class-stratified (default {d['n_images']})")
-    s.add_argument('--n-perms', type=positive_int, default=d['n_perms'], help=f"RPI permutation draws (default {d['n_perms']})")
-    s.add_argument('--random', action='store_true', help='random weights instead of pretrained (no download)')
-    s.add_argument('--min-stride', type=int, default=d['min_stride'], metavar='N',
-                   help=f"timm feature maps finer than stride N are average-pooled to it (default {d['min_stride']}; 0: never)")
-    s.add_argument('--img-size', type=positive_int, help="the images' side (default: each model's own)")
-    _threads_opt(s)
-    s.add_argument('--quiet', action='store_true')
-
-def _opts_bench(s):
-    s.add_argument('what', choices=['ssdc', 'train', 'shifts', 'gpu'])
-    s.add_argument('--device', type=device_arg); s.add_argument('--quick', action='store_true', help='tiny sizes (seconds)')
-    _threads_opt(s, default='auto')                                  # a speed, not a result: the free cores
-    s.add_argument('--quiet', action='store_true', help='no hint when the machine is busy')
-    s.add_argument('--model', default='pe_vit_small_patch16_224', help='bench train: the model')
-    s.add_argument('--compile', action='store_true', help='bench train: torch.compile')
-    s.add_argument('--out', help='bench gpu: output folder (default ./gpu_check)')
-
 COMMANDS = {   # name: (one-line help, its options, the function it runs)
     'demo': ('offline digits demo: 5 conditions + analyses + report (CPU, minutes)', _opts_demo, cmd_demo),
     'train': ('train one condition into a run directory', _opts_train, cmd_train),
@@ -556,6 +66,43 @@ def parser(command: str | None = None, # build only this command's options ('' n
         if command is None or command == name: opts(s)
         s.set_defaults(func=func)
     return p
+
+# %% ../nbs/13_cli.ipynb #59572794
+def _option(argv: list[str], name: str) -> str | None:
+    "The value of option `name` in `argv` (`--name V` or `--name=V`), read before the parser (which imports torch)."
+    for i, x in enumerate(argv):
+        if x == name and i + 1 < len(argv): return argv[i + 1]
+        if x.startswith(name + '='): return x.split('=', 1)[1]
+    return None
+
+def _reason(e: Exception) -> str:
+    "The first line of an error's message, without fastai's 'Exception occured in `X` when calling event `Y`:' wrapper."
+    if isinstance(e, UnicodeError):
+        import locale
+        return (f"{e} (this system's text encoding is {locale.getpreferredencoding(False)}: set a UTF-8 locale, e.g. "
+                "LC_ALL=C.UTF-8, or PYTHONUTF8=1)")
+    msg = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+    while msg.startswith('Exception occured in `') and '\n' in msg: msg = msg.split('\n', 1)[1].strip()
+    return (msg.splitlines() or [type(e).__name__])[0]
+
+# %% ../nbs/13_cli.ipynb #58a9c7f7
+_ADVICE = {errno.EROFS: "the disk is mounted read-only: write somewhere else, e.g. another --out",
+           errno.ENOSPC: "free some space or write somewhere else, e.g. another --out",
+           errno.EDQUOT: "free some space or write somewhere else, e.g. another --out",
+           errno.ENAMETOOLONG: "a name in it is longer than this file system allows: give a shorter one",
+           errno.EBUSY: "it is busy, a mount point or in use: give a folder inside it",
+           errno.ELOOP: "its symbolic links loop: give the real path",
+           errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+           errno.ENOMEM: "not enough memory: ask for less (fewer images, a smaller model or batch)"}
+
+def _system_error(e: BaseException, a=None) -> str | None:
+    """One line for an error of the file system or the machine (a full, read-only or busy disk, a name too long, ...),
+    `e` or what it wraps: what happened, the path (else the command's output folder) and what to do; else None."""
+    for x in (e, e.__cause__, e.__context__):
+        if not isinstance(x, OSError) or x.errno not in _ADVICE: continue
+        where = x.filename or next((f"under {v}" for k in ('out', 'dest', 'dir') if (v := getattr(a, k, None))), 'here')
+        return f"{x.strerror or os.strerror(x.errno)}: {where} ({_ADVICE[x.errno]})"
+    return None
 
 # %% ../nbs/13_cli.ipynb #7d4a3fff
 def main(argv: list[str] | None = None) -> int:
@@ -601,40 +148,4 @@ def main(argv: list[str] | None = None) -> int:
         if a.allow_network and before is None: del os.environ[NETWORK_ENV]
         elif a.allow_network: os.environ[NETWORK_ENV] = before
 
-def _option(argv: list[str], name: str) -> str | None:
-    "The value of option `name` in `argv` (`--name V` or `--name=V`), read before the parser (which imports torch)."
-    for i, x in enumerate(argv):
-        if x == name and i + 1 < len(argv): return argv[i + 1]
-        if x.startswith(name + '='): return x.split('=', 1)[1]
-    return None
-
-def _reason(e: Exception) -> str:
-    "The first line of an error's message, without fastai's 'Exception occured in `X` when calling event `Y`:' wrapper."
-    if isinstance(e, UnicodeError):
-        import locale
-        return (f"{e} (this system's text encoding is {locale.getpreferredencoding(False)}: set a UTF-8 locale, e.g. "
-                "LC_ALL=C.UTF-8, or PYTHONUTF8=1)")
-    msg = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
-    while msg.startswith('Exception occured in `') and '\n' in msg: msg = msg.split('\n', 1)[1].strip()
-    return (msg.splitlines() or [type(e).__name__])[0]
-
-_ADVICE = {errno.EROFS: "the disk is mounted read-only: write somewhere else, e.g. another --out",
-           errno.ENOSPC: "free some space or write somewhere else, e.g. another --out",
-           errno.EDQUOT: "free some space or write somewhere else, e.g. another --out",
-           errno.ENAMETOOLONG: "a name in it is longer than this file system allows: give a shorter one",
-           errno.EBUSY: "it is busy, a mount point or in use: give a folder inside it",
-           errno.ELOOP: "its symbolic links loop: give the real path",
-           errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
-           errno.ENOMEM: "not enough memory: ask for less (fewer images, a smaller model or batch)"}
-
-def _system_error(e: BaseException, a=None) -> str | None:
-    """One line for an error of the file system or the machine (a full, read-only or busy disk, a name too long, ...),
-    `e` or what it wraps: what happened, the path (else the command's output folder) and what to do; else None."""
-    for x in (e, e.__cause__, e.__context__):
-        if not isinstance(x, OSError) or x.errno not in _ADVICE: continue
-        where = x.filename or next((f"under {v}" for k in ('out', 'dest', 'dir') if (v := getattr(a, k, None))), 'here')
-        return f"{x.strerror or os.strerror(x.errno)}: {where} ({_ADVICE[x.errno]})"
-    return None
-
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())   # python -m pe_anchors.cli (not in a notebook)
-

@@ -9,6 +9,7 @@ from dataclasses import MISSING, dataclass, field, asdict, fields
 from pathlib import Path
 
 import numpy as np
+from fastcore.basics import patch
 
 from .core import (CALLBACKS, CONDITIONS, DOSE_CONDITIONS, FACTORIAL_CONDITIONS, N_PERMS, PAPER_CONDITIONS, NetworkRefused,
                              Recipe, check_choice, check_model_name, check_offline, recipe_changes, shown_defaults)
@@ -50,6 +51,7 @@ class Rule:
     empty: bool = True               # a string or list may be empty
     none: bool = False               # the field may be None
 
+# %% ../nbs/09a_config.ipynb #d5334c68
 SEED_MAX = 2**32 - 1                 # numpy's seeds (fastai's set_seed seeds numpy too)
 ALPHA_MAX = 1e3                      # a PE scaled beyond this is no measurement (and soon not a finite number)
 SCHEMA = {
@@ -80,6 +82,7 @@ def check_value(key: str, v, kind: str, lo: float | None = None, hi: float | Non
     if kind in ('int', 'number') and (not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi)):
         raise ExperimentError(f"{key} must be {what}{span}, got {v!r}")
 
+# %% ../nbs/09a_config.ipynb #6b5c4c00
 def _default_kind(default) -> str | None:
     "The kind (`_KINDS`) of an argument from its default (None: any)."
     for t, k in ((bool, 'bool'), (int, 'int'), (float, 'number'), (str, 'str'), (dict, 'dict'), ((list, tuple), 'list')):
@@ -106,6 +109,7 @@ def _data_params(data: str) -> tuple[dict, str] | None:
           for k, p in inspect.signature(fn).parameters.items() if k not in skip}
     return ps, fn.__name__
 
+# %% ../nbs/09a_config.ipynb #0a804d92
 def check_fields(d: dict) -> dict:
     "Check an experiment's fields (a mapping) against `SCHEMA` and its nested keyword arguments; raise naming the first wrong one."
     for key, r in SCHEMA.items():
@@ -180,37 +184,39 @@ class Experiment:
         "Every field's default, as JSON-able data: what an `experiment.json` written before a field existed meant by it."
         return json.loads(json.dumps({f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(cls)}))
 
-    def save(self, path: str | Path) -> Path:
-        "Write the experiment as JSON or YAML (by suffix)."
-        path = Path(path)
-        d = self.to_dict()
-        if path.suffix in ('.yaml', '.yml'):
-            import yaml; path.write_text(yaml.safe_dump(d, sort_keys=False, allow_unicode=True), encoding='utf-8')
-        else: path.write_text(json.dumps(d, indent=2), encoding='utf-8')
-        return path
+# %% ../nbs/09a_config.ipynb #40dab6c5
+@patch
+def save(self: Experiment, path: str | Path) -> Path:
+    "Write the experiment as JSON or YAML (by suffix)."
+    path = Path(path)
+    d = self.to_dict()
+    if path.suffix in ('.yaml', '.yml'):
+        import yaml; path.write_text(yaml.safe_dump(d, sort_keys=False, allow_unicode=True), encoding='utf-8')
+    else: path.write_text(json.dumps(d, indent=2), encoding='utf-8')
+    return path
 
-    @classmethod
-    def load(cls, path: str | Path, **overrides) -> 'Experiment':
-        "Read an experiment from a JSON or YAML file (a preset name is accepted too), with field `overrides`."
-        if isinstance(path, str) and path in PRESETS: return preset(path, **overrides)
-        path = Path(path)
-        if not path.exists(): raise FileNotFoundError(f"no experiment file at {path} (or a preset: {', '.join(PRESETS)})")
-        text = path.read_text(encoding='utf-8')
-        try:
-            if path.suffix in ('.yaml', '.yml'):
-                import yaml; d = yaml.safe_load(text)
-            else: d = json.loads(text) if text.strip() else None
-        except json.JSONDecodeError as e: raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-        except RecursionError: raise ValueError(f"{path} is nested too deeply to read: an experiment file is a mapping of "
-                                                "fields, a few levels deep") from None
-        if d is None: raise ValueError(f"{path} is empty: an experiment file holds a mapping of fields (name: value)")
-        if not isinstance(d, dict):
-            raise ValueError(f"{path} must hold a mapping of fields (name: value), got a {type(d).__name__}: {str(d)[:40]!r}")
-        bad = set(d) - {f.name for f in fields(cls)}
-        if bad: raise ExperimentError(f"{path}: unknown field(s) {sorted(bad)}; valid: {', '.join(f.name for f in fields(cls))}")
-        try: return cls(**{**d, **overrides})
-        except ValueError as e:                                    # the file, then the field, its value and what to do
-            raise (type(e) if isinstance(e, (ExperimentError, NetworkRefused)) else ExperimentError)(f"{path}: {e}") from None
+@patch(cls_method=True)
+def load(cls: Experiment, path: str | Path, **overrides) -> 'Experiment':
+    "Read an experiment from a JSON or YAML file (a preset name is accepted too), with field `overrides`."
+    if isinstance(path, str) and path in PRESETS: return preset(path, **overrides)
+    path = Path(path)
+    if not path.exists(): raise FileNotFoundError(f"no experiment file at {path} (or a preset: {', '.join(PRESETS)})")
+    text = path.read_text(encoding='utf-8')
+    try:
+        if path.suffix in ('.yaml', '.yml'):
+            import yaml; d = yaml.safe_load(text)
+        else: d = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError as e: raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError: raise ValueError(f"{path} is nested too deeply to read: an experiment file is a mapping of "
+                                            "fields, a few levels deep") from None
+    if d is None: raise ValueError(f"{path} is empty: an experiment file holds a mapping of fields (name: value)")
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} must hold a mapping of fields (name: value), got a {type(d).__name__}: {str(d)[:40]!r}")
+    bad = set(d) - {f.name for f in fields(cls)}
+    if bad: raise ExperimentError(f"{path}: unknown field(s) {sorted(bad)}; valid: {', '.join(f.name for f in fields(cls))}")
+    try: return cls(**{**d, **overrides})
+    except ValueError as e:                                    # the file, then the field, its value and what to do
+        raise (type(e) if isinstance(e, (ExperimentError, NetworkRefused)) else ExperimentError)(f"{path}: {e}") from None
 
 # %% ../nbs/09a_config.ipynb #08823676
 _CIFAR10_CPU = dict(data='cifar10', model='pe_vit_nano_patch4_32', train_kwargs=dict(epochs=20, bs=128, lr=2e-3),

@@ -328,6 +328,8 @@ def code_version() -> dict:
         if commit: out.update(commit=commit, dirty=bool(git('status', '--porcelain', '--', str(root))))
     except (OSError, subprocess.SubprocessError): pass
     return out
+
+# %% ../nbs/00_core.ipynb #de6500e5
 CPU_ISA = {   # the code paths of torch's CPU kernels: MKL's BLAS, oneDNN's convolutions, ATen's own vectorised kernels
     'native': {},
     'avx2': dict(MKL_CBWR='AVX2', ONEDNN_MAX_CPU_ISA='AVX2', DNNL_MAX_CPU_ISA='AVX2', ATEN_CPU_CAPABILITY='avx2'),
@@ -361,7 +363,6 @@ def set_cpu_isa(name: str) -> str:
         raise ValueError(f"cpu isa {name!r}: torch's CPU kernels already use {cap} (set it before anything computes, in a "
                          f"new process: {' '.join(f'{k}={v}' for k, v in env.items())}), or this CPU lacks {want}")
     return cap
-
 
 # %% ../nbs/00_core.ipynb #1fe0ef6f
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/08a_corruptions.ipynb #2c75e2fa
 from __future__ import annotations
-import functools, hashlib, math, zlib
+import functools, hashlib, math
 from pathlib import Path
 from typing import Sequence
 
@@ -12,20 +12,34 @@ import numpy as np
 import pandas as pd
 import torch
 from PIL import Image
-from scipy import ndimage
 
 from .core import check_choice
-from .robustness import Shift, check_images, jpeg_roundtrip
+from .shifts import Shift, _check_seed, check_images
+from .corruption_functions import (corruption_rng, to_unit, to_uint8, gaussian_noise, shot_noise, impulse_noise, speckle_noise, blur_hw,
+                                            gaussian_blur, disk_kernel, defocus_blur, glass_positions,
+                                            glass_blur, motion_kernel, motion_blur_images, motion_blur,
+                                            zoom_matrix, clipped_zoom, zoom_factors, zoom_blur, snow,
+                                            plasma_fractal, fog, rgb_to_hsv, hsv_to_rgb, brightness, contrast,
+                                            saturate, pixelate, jpeg_compression, affine_from_points,
+                                            elastic_transform)
+
+# the corruption functions, importable from here as before (defined on their own page)
+_all_ = ['corruption_rng', 'to_unit', 'to_uint8', 'gaussian_noise', 'shot_noise', 'impulse_noise', 'speckle_noise',
+         'blur_hw', 'gaussian_blur', 'disk_kernel', 'defocus_blur', 'glass_positions', 'glass_blur',
+         'motion_kernel', 'motion_blur_images', 'motion_blur', 'zoom_matrix', 'clipped_zoom', 'zoom_factors',
+         'zoom_blur', 'snow', 'plasma_fractal', 'fog', 'rgb_to_hsv', 'hsv_to_rgb', 'brightness', 'contrast',
+         'saturate', 'pixelate', 'jpeg_compression', 'affine_from_points', 'elastic_transform']
 
 # %% auto #0
 __all__ = ['CORRUPTIONS_VERSION', 'CORRUPTIONS', 'CIFAR_C_NAMES', 'EXTRA_NAMES', 'SEVERITY_LEVELS', 'FROST_FILES',
-           'FROST_INSTALL', 'CORRUPTION_FUNCTIONS', 'corruption_table', 'corruption_rng', 'to_unit', 'to_uint8',
+           'FROST_INSTALL', 'CORRUPTION_FUNCTIONS', 'corruption_table', 'default_frost_dir', 'frost_folder',
+           'frost_images', 'frost_digest', 'frost', 'spatter', 'check_corruption', 'corrupt', 'Corruption',
+           'available_corruptions', 'cifar_c_shifts', 'sample_photos', 'corruption_rng', 'to_unit', 'to_uint8',
            'gaussian_noise', 'shot_noise', 'impulse_noise', 'speckle_noise', 'blur_hw', 'gaussian_blur', 'disk_kernel',
            'defocus_blur', 'glass_positions', 'glass_blur', 'motion_kernel', 'motion_blur_images', 'motion_blur',
-           'zoom_matrix', 'clipped_zoom', 'zoom_factors', 'zoom_blur', 'snow', 'default_frost_dir', 'frost_folder',
-           'frost_images', 'frost_digest', 'frost', 'plasma_fractal', 'fog', 'rgb_to_hsv', 'hsv_to_rgb', 'brightness',
-           'contrast', 'saturate', 'pixelate', 'jpeg_compression', 'affine_from_points', 'elastic_transform', 'spatter',
-           'check_corruption', 'corrupt', 'Corruption', 'available_corruptions', 'cifar_c_shifts', 'sample_photos']
+           'zoom_matrix', 'clipped_zoom', 'zoom_factors', 'zoom_blur', 'snow', 'plasma_fractal', 'fog', 'rgb_to_hsv',
+           'hsv_to_rgb', 'brightness', 'contrast', 'saturate', 'pixelate', 'jpeg_compression', 'affine_from_points',
+           'elastic_transform']
 
 # %% ../nbs/08a_corruptions.ipynb #4ece5ee0
 CORRUPTIONS_VERSION = 1          # bump when an implementation changes its output (it keys the cached sets)
@@ -114,160 +128,6 @@ def corruption_table(names: Sequence[str] | None = None) -> pd.DataFrame:
                          meaning=e['meaning']))
     return pd.DataFrame(rows).set_index('corruption')
 
-# %% ../nbs/08a_corruptions.ipynb #47b52289
-def corruption_rng(seed: int, name: str, severity: int, index: int) -> np.random.Generator:
-    "The generator of image `index` under corruption `name` at `severity`: `default_rng([seed, crc32(name), severity, index])`."
-    return np.random.default_rng([int(seed), zlib.crc32(name.encode()), int(severity), int(index)])
-
-def to_unit(x: np.ndarray) -> np.ndarray: # uint8 -> float64 in [0, 1]
-    "The reference's `np.array(x) / 255.`"
-    return x / 255.
-
-def to_uint8(y: np.ndarray) -> np.ndarray: # float, nominally in [0, 1] -> uint8
-    "The reference's `np.uint8(np.clip(y, 0, 1) * 255)`: clipped, scaled and truncated (not rounded)."
-    return (np.clip(y, 0, 1) * 255).astype(np.uint8)
-
-def _draw(rngs, f) -> np.ndarray:
-    "One draw `f(generator)` per image, stacked."
-    return np.stack([f(r) for r in rngs])
-
-# %% ../nbs/08a_corruptions.ipynb #7d354c04
-def gaussian_noise(x: np.ndarray, c: float, rngs) -> np.ndarray: # uint8 (N, H, W, 3) -> uint8 (N, H, W, 3)
-    "u + c·z, z ~ N(0, 1) per value."
-    return to_uint8(to_unit(x) + c * _draw(rngs, lambda r: r.standard_normal(x.shape[1:])))
-
-def shot_noise(x: np.ndarray, c: float, rngs) -> np.ndarray:
-    "Poisson(c·u) / c."
-    return to_uint8(np.stack([r.poisson(u * c) for r, u in zip(rngs, to_unit(x))]) / c)
-
-def impulse_noise(x: np.ndarray, c: float, rngs) -> np.ndarray:
-    "Salt and pepper: each value is flipped with probability c, to 1 or 0 with equal chance."
-    d = _draw(rngs, lambda r: r.random((2, *x.shape[1:])))                 # (N, 2, H, W, 3): flip, salt
-    flip, salt = d[:, 0] <= c, d[:, 1] <= .5
-    return to_uint8(np.where(flip & salt, 1., np.where(flip, 0., to_unit(x))))
-
-def speckle_noise(x: np.ndarray, c: float, rngs) -> np.ndarray:
-    "u + u·c·z, z ~ N(0, 1) per value."
-    u = to_unit(x)
-    return to_uint8(u + u * c * _draw(rngs, lambda r: r.standard_normal(x.shape[1:])))
-
-# %% ../nbs/08a_corruptions.ipynb #2c05a064
-def blur_hw(u: np.ndarray, sigma: float, mode: str = 'nearest', truncate: float = 4.) -> np.ndarray:
-    "Gaussian blur of the H and W axes of (N, H, W, C) floats (scipy; the edge and radius of skimage.filters.gaussian)."
-    return ndimage.gaussian_filter(u, sigma=(0, sigma, sigma, 0), mode=mode, truncate=truncate)
-
-def gaussian_blur(x: np.ndarray, c: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
-    "Per-channel Gaussian blur of σ = c px."
-    return to_uint8(blur_hw(to_unit(x), c))
-
-def disk_kernel(radius: float, alias_blur: float) -> np.ndarray: # (k, k) float64, sums to 1
-    "The defocus kernel: the pixels within `radius` of the centre, averaged, then a 3x3 Gaussian of σ `alias_blur`."
-    half, taps = (8, 1) if radius <= 8 else (math.ceil(radius), 2)          # the reference: 17x17 and ksize 3 up to r = 8
-    t = np.arange(-half, half + 1)
-    disk = (t[:, None] ** 2 + t[None, :] ** 2 <= radius ** 2).astype(np.float64)
-    disk /= disk.sum()
-    g = np.exp(-np.arange(-taps, taps + 1) ** 2 / (2 * alias_blur ** 2))
-    g /= g.sum()
-    k = ndimage.correlate1d(ndimage.correlate1d(disk, g, 0, mode='mirror'), g, 1, mode='mirror')
-    r, c = np.flatnonzero(k.any(1)), np.flatnonzero(k.any(0))              # drop the all-zero rim (stays centred)
-    return k[r[0]:r[-1] + 1, c[0]:c[-1] + 1]
-
-def defocus_blur(x: np.ndarray, c, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
-    "Each channel correlated with `disk_kernel(*c)`, the border mirrored (edge pixel not repeated)."
-    return to_uint8(ndimage.correlate(to_unit(x), disk_kernel(*c)[None, :, :, None], mode='mirror'))
-
-# %% ../nbs/08a_corruptions.ipynb #a09b6b65
-def glass_positions(h: int, w: int, delta: int) -> list[tuple[int, int]]:
-    "The pixels glass blur visits, in the reference's order: rows h−δ down to δ+1, in each columns w−δ down to δ+1."
-    return [(i, j) for i in range(h - delta, delta, -1) for j in range(w - delta, delta, -1)]
-
-def glass_blur(x: np.ndarray, c, rngs) -> np.ndarray:
-    "Blur, move into each visited pixel the one at a random offset in [−δ, δ)², blur again."
-    sigma, delta, iterations = c
-    N, H, W, _ = x.shape
-    y = to_uint8(blur_hw(to_unit(x), sigma))
-    pos = glass_positions(H, W, delta)
-    d = _draw(rngs, lambda r: r.integers(-delta, delta, size=(iterations, len(pos), 2)))   # (N, it, P, (dx, dy))
-    n = np.arange(N)
-    for it in range(iterations):
-        for p, (i, j) in enumerate(pos):                       # in order: a later pixel may read a moved one
-            y[:, i, j] = y[n, i + d[:, it, p, 1], j + d[:, it, p, 0]]
-    return to_uint8(blur_hw(to_unit(y), sigma))
-
-# %% ../nbs/08a_corruptions.ipynb #5ba50380
-def motion_kernel(radius: float, sigma: float, angle: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    "ImageMagick's motion-blur line: weights ∝ exp(−i²/2σ²), i = 0..2⌈r⌉, at offsets dx = ⌈i cos θ − ½⌉, dy = ⌈i sin θ − ½⌉."
-    i = np.arange(2 * math.ceil(radius) + 1)
-    w = np.exp(-i ** 2 / (2 * sigma ** 2))
-    t = math.radians(angle)
-    return w / w.sum(), np.ceil(i * math.cos(t) - .5).astype(int), np.ceil(i * math.sin(t) - .5).astype(int)
-
-def motion_blur_images(x: np.ndarray,          # (N, H, W, C) values in 0..255
-                       radius: float, sigma: float,
-                       angles: Sequence[float], # (N,) one angle in degrees per image
-                      ) -> np.ndarray:          # uint8 (N, H, W, C), rounded
-    "Each image blurred along its own line: y(p) = Σ_i w_i x(p + Δ_i), the edge pixel repeated outside the image."
-    N, H, W, _ = x.shape
-    w, dx, dy = (np.stack(k) for k in zip(*(motion_kernel(radius, sigma, a) for a in angles)))   # (N, taps) each
-    n, rows, cols = np.arange(N)[:, None, None], np.arange(H)[None, :, None], np.arange(W)[None, None, :]
-    out = np.zeros(x.shape)
-    for t in range(w.shape[1]):
-        r = np.clip(rows + dy[:, t, None, None], 0, H - 1)
-        c = np.clip(cols + dx[:, t, None, None], 0, W - 1)
-        out += w[:, t, None, None, None] * x[n, r, c]
-    return np.clip(np.floor(out + .5), 0, 255).astype(np.uint8)
-
-def motion_blur(x: np.ndarray, c, rngs) -> np.ndarray:
-    "ImageMagick's motion blur of radius c[0], σ c[1], at an angle uniform in [−45°, 45°]."
-    return motion_blur_images(x, *c, [r.uniform(-45, 45) for r in rngs])
-
-# %% ../nbs/08a_corruptions.ipynb #093decc6
-def zoom_matrix(n_in: int, n_out: int) -> np.ndarray: # (n_out, n_in)
-    "Linear interpolation from n_in to n_out samples, corners aligned: output j reads input j (n_in − 1) / (n_out − 1)."
-    p = np.arange(n_out) * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.)
-    i = np.minimum(np.floor(p).astype(int), n_in - 1)
-    f = p - i
-    M = np.zeros((n_out, n_in))
-    M[np.arange(n_out), i] += 1 - f
-    up = f > 0
-    M[np.flatnonzero(up), np.minimum(i[up] + 1, n_in - 1)] += f[up]
-    return M
-
-def clipped_zoom(u: np.ndarray, z: float) -> np.ndarray: # (N, H, W, C) -> (N, H, W, C)
-    "Zoom the centre ⌈H/z⌉ x ⌈W/z⌉ crop by z (scipy's `zoom`, order 1, as two matrix products), keep the centre H x W."
-    H, W = u.shape[1:3]
-    ch, cw = math.ceil(H / z), math.ceil(W / z)
-    top, left = (H - ch) // 2, (W - cw) // 2
-    oh, ow = round(ch * z), round(cw * z)                           # scipy's output shape (Python's round)
-    t, l = (oh - H) // 2, (ow - W) // 2
-    Zh, Zw = zoom_matrix(ch, oh)[t:t + H], zoom_matrix(cw, ow)[l:l + W]
-    crop = u[:, top:top + ch, left:left + cw].transpose(0, 3, 1, 2)          # (N, C, ch, cw)
-    return (Zh @ crop @ Zw.T).transpose(0, 2, 3, 1).astype(u.dtype)
-
-def zoom_factors(c) -> np.ndarray:
-    "The reference's `np.arange(start, stop, step)` of zoom factors."
-    return np.arange(*c)
-
-def zoom_blur(x: np.ndarray, c, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
-    "The mean of the image and its clipped zooms by every factor of `zoom_factors(c)`."
-    u = to_unit(x).astype(np.float32)
-    zs = zoom_factors(c)
-    return to_uint8((u + sum(clipped_zoom(u, z) for z in zs)) / (len(zs) + 1))
-
-# %% ../nbs/08a_corruptions.ipynb #9d9e95fc
-def snow(x: np.ndarray, c, rngs) -> np.ndarray:
-    "A thresholded, zoomed, motion-blurred Gaussian layer, added twice (once turned 180°) to a paled image."
-    loc, scale, zoom, threshold, radius, sigma, keep = c
-    N, H, W, _ = x.shape
-    u = to_unit(x).astype(np.float32)
-    layer = _draw(rngs, lambda r: r.normal(loc, scale, size=(H, W)))[..., None]          # (N, H, W, 1)
-    layer = clipped_zoom(layer, zoom)
-    layer[layer < threshold] = 0
-    layer = motion_blur_images(to_uint8(layer), radius, sigma, [r.uniform(-135, -45) for r in rngs]) / 255.
-    grey = u @ np.array([.299, .587, .114], dtype=np.float32)                            # (N, H, W)
-    u = keep * u + (1 - keep) * np.maximum(u, grey[..., None] * 1.5 + .5)
-    return to_uint8(u + layer + np.rot90(layer, 2, axes=(1, 2)))
-
 # %% ../nbs/08a_corruptions.ipynb #4e78c682
 FROST_FILES = ('frost1.png', 'frost2.png', 'frost3.png', 'frost4.jpg', 'frost5.jpg')   # the reference draws from these
 FROST_INSTALL = 'pip install "pe_anchors[corruptions]"'    # the optional extra that brings the photographs (imagecorruptions)
@@ -329,128 +189,17 @@ def frost(x: np.ndarray, c, rngs,
         out[n] = np.clip(c[0] * x[n] + c[1] * pic[i:i + H, j:j + W], 0, 255).astype(np.uint8)
     return out
 
-# %% ../nbs/08a_corruptions.ipynb #f0d3d56a
-def plasma_fractal(size: int, decay: float, rng: np.random.Generator) -> np.ndarray: # (size, size) in [0, 1]
-    "Diamond-square height map on a torus; midpoints get the mean of 4 neighbours + U(−a², a²), a = 100 / decay^level."
-    if size < 2 or size & (size - 1): raise ValueError(f"plasma_fractal needs a power-of-two size, got {size}")
-    a, step, amp = np.zeros((size, size)), size, 100.
-    def noisy(total): return total / 4 + amp * rng.uniform(-amp, amp, total.shape)
-    while step >= 2:
-        h = step // 2
-        corner = a[0::step, 0::step]
-        pair = corner + np.roll(corner, -1, 0)
-        a[h::step, h::step] = noisy(pair + np.roll(pair, -1, 1))                                 # square centres
-        centre = a[h::step, h::step]
-        a[0::step, h::step] = noisy(centre + np.roll(centre, 1, 0) + corner + np.roll(corner, -1, 1))   # top edges
-        a[h::step, 0::step] = noisy(centre + np.roll(centre, 1, 1) + corner + np.roll(corner, -1, 0))   # left edges
-        step, amp = h, amp / decay
-    a -= a.min()
-    return a / a.max()
-
-def fog(x: np.ndarray, c, rngs) -> np.ndarray:
-    "(u + s·P)·m / (m + s): a plasma fractal P of strength s, m the image's largest value."
-    strength, decay = c
-    N, H, W, _ = x.shape
-    size = 1 << max(1, (max(H, W) - 1).bit_length())               # 32 for CIFAR, as the reference
-    u = to_unit(x)
-    m = u.max((1, 2, 3), keepdims=True)
-    P = _draw(rngs, lambda r: plasma_fractal(size, decay, r)[:H, :W])[..., None]
-    return to_uint8((u + strength * P) * m / (m + strength))
-
-# %% ../nbs/08a_corruptions.ipynb #1a443dd7
-def rgb_to_hsv(u: np.ndarray) -> np.ndarray: # (..., 3) RGB in [0, 1] -> (..., 3) H (turns), S, V in [0, 1]
-    "RGB to HSV as scikit-image's `rgb2hsv` computes it."
-    r, g, b = u[..., 0], u[..., 1], u[..., 2]
-    v = u.max(-1)
-    delta = v - u.min(-1)
-    safe = np.where(delta > 0, delta, 1.)
-    h = np.select([b == v, g == v], [4 + (r - g) / safe, 2 + (b - r) / safe], (g - b) / safe)
-    h = np.where(delta > 0, h / 6 % 1, 0.)
-    s = np.where(v > 0, delta / np.where(v > 0, v, 1.), 0.)
-    return np.stack([h, s, v], -1)
-
-def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray: # (..., 3) -> (..., 3) RGB in [0, 1]
-    "HSV to RGB (scikit-image's `hsv2rgb`): sector i = ⌊6h⌋, p = v(1 − s), q = v(1 − fs), t = v(1 − (1 − f)s)."
-    h, s, v = hsv[..., 0], hsv[..., 1], hsv[..., 2]
-    i = np.floor(h * 6)
-    f = h * 6 - i
-    p, q, t = v * (1 - s), v * (1 - f * s), v * (1 - (1 - f) * s)
-    i = i.astype(int) % 6
-    return np.stack([np.choose(i, [v, q, p, p, t, v]), np.choose(i, [t, v, v, q, p, p]),
-                     np.choose(i, [p, p, t, v, v, q])], -1)
-
-def brightness(x: np.ndarray, c: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
-    "HSV value + c, clipped to [0, 1]."
-    hsv = rgb_to_hsv(to_unit(x))
-    hsv[..., 2] = np.clip(hsv[..., 2] + c, 0, 1)
-    return to_uint8(hsv_to_rgb(hsv))
-
-# %% ../nbs/08a_corruptions.ipynb #c96d8310
-def contrast(x: np.ndarray, c: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
-    "(u − μ)·c + μ, μ each image's mean per channel."
-    u = to_unit(x)
-    m = u.mean((1, 2), keepdims=True)
-    return to_uint8((u - m) * c + m)
-
-def saturate(x: np.ndarray, c, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
-    "HSV saturation · c[0] + c[1], clipped to [0, 1]."
-    hsv = rgb_to_hsv(to_unit(x))
-    hsv[..., 1] = np.clip(hsv[..., 1] * c[0] + c[1], 0, 1)
-    return to_uint8(hsv_to_rgb(hsv))
-
-def pixelate(x: np.ndarray, c: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
-    "PIL's BOX resize to ⌊c·W⌋ x ⌊c·H⌋ and back."
-    N, H, W, _ = x.shape
-    small = (int(W * c), int(H * c))
-    return np.stack([np.asarray(Image.fromarray(a).resize(small, Image.BOX).resize((W, H), Image.BOX)) for a in x])
-
-def jpeg_compression(x: np.ndarray, c: int, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
-    "JPEG at quality c (torchvision's libjpeg-turbo; the reference's PIL gives the same pixels)."
-    y = jpeg_roundtrip(torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2), int(c))
-    return y.permute(0, 2, 3, 1).numpy()
-
-# %% ../nbs/08a_corruptions.ipynb #3b79580c
-def affine_from_points(src: np.ndarray, dst: np.ndarray) -> np.ndarray: # (3, 2), (3, 2) -> (2, 3)
-    "The affine map A with A [x, y, 1]ᵀ = dst for the three points src (OpenCV's getAffineTransform)."
-    return np.linalg.solve(np.c_[src, np.ones(3)], dst).T
-
-def elastic_transform(x: np.ndarray, c, rngs) -> np.ndarray:
-    "A random affine warp (3 points jittered by U(−j, j)), then a smooth random displacement α·G_σ * U(−1, 1); all × 32 px."
-    alpha, sigma, jitter = (32 * f for f in c)
-    N, H, W, C = x.shape
-    u = to_unit(x).astype(np.float32)
-    centre = np.float32((H, W)) // 2
-    a = min(H, W) // 3
-    src = np.float32([centre + a, [centre[0] + a, centre[1] - a], centre - a])            # (x, y) points
-    rows, cols = np.meshgrid(np.arange(H), np.arange(W), indexing='ij')
-    out = np.empty_like(u)
-    for n, r in enumerate(rngs):
-        A = affine_from_points(src, src + r.uniform(-jitter, jitter, size=(3, 2)).astype(np.float32))
-        B = np.linalg.inv(np.r_[A, [[0, 0, 1]]])                     # output (x, y) -> where it is read in the input
-        sx, sy = B[0, 0] * cols + B[0, 1] * rows + B[0, 2], B[1, 0] * cols + B[1, 1] * rows + B[1, 2]
-        warped = np.stack([ndimage.map_coordinates(u[n, ..., k], [sy, sx], order=1, mode='mirror') for k in range(C)], -1)
-        dx, dy = ((ndimage.gaussian_filter(r.uniform(-1, 1, size=(H, W)), sigma, mode='reflect', truncate=3) * alpha
-                   ).astype(np.float32) for _ in range(2))
-        out[n] = np.stack([ndimage.map_coordinates(warped[..., k], [rows + dy, cols + dx], order=1, mode='reflect')
-                           for k in range(C)], -1)
-    return to_uint8(out)
-
+# %% ../nbs/08a_corruptions.ipynb #9a3fc550
 def spatter(x: np.ndarray, c, rngs) -> np.ndarray:
     "Not implemented (see `CORRUPTIONS['spatter']['note']`)."
     raise NotImplementedError(f"spatter is not implemented: {CORRUPTIONS['spatter']['note']}")
 
-# %% ../nbs/08a_corruptions.ipynb #9a3fc550
 CORRUPTION_FUNCTIONS = dict(
     gaussian_noise=gaussian_noise, shot_noise=shot_noise, impulse_noise=impulse_noise, defocus_blur=defocus_blur,
     glass_blur=glass_blur, motion_blur=motion_blur, zoom_blur=zoom_blur, snow=snow, frost=frost, fog=fog,
     brightness=brightness, contrast=contrast, elastic_transform=elastic_transform, pixelate=pixelate,
     jpeg_compression=jpeg_compression, speckle_noise=speckle_noise, gaussian_blur=gaussian_blur, spatter=spatter,
     saturate=saturate)   # name -> f(uint8 (N, H, W, 3), constants, per-image generators or None) -> uint8 (N, H, W, 3)
-
-def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    return int(seed)
 
 def check_corruption(name: str, severity: int) -> dict:
     "The `CORRUPTIONS` entry of `name`, once the name, the severity (1..5) and its availability are checked."

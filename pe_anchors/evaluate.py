@@ -86,6 +86,7 @@ def check_data_fits(model: nn.Module, data: ImageData, cfg: dict | None = None):
                          + (f", e.g. --data {was['builder']}" if was.get('builder') else ''))
     return a
 
+# %% ../nbs/09b_evaluate.ipynb #6cff028e
 def evaluate_model(model: nn.Module,
                    ev: EvalData,
                    exp: Experiment,
@@ -116,6 +117,7 @@ def evaluate_model(model: nn.Module,
             frames.append(_alpha_rows(model, ev, exp, meta, show, taps, plain=acc.set_index('shift')['acc']))
     return _mark_output(pd.concat(frames, ignore_index=True), a.depth)
 
+# %% ../nbs/09b_evaluate.ipynb #3619bd9d
 def _alpha_rows(model, ev: EvalData, exp: Experiment, meta: dict, show, taps: list[int],
                 plain: pd.Series) -> pd.DataFrame:   # the plain rows' accuracy by shift name: the model at α = 1
     """The α sweep: at each α the whole RPI-SSDC curve (block inputs and output tap) with ΔSSDC, clean, JPEG and blur

@@ -70,26 +70,28 @@ class Explorer:
         "SSDC per layer (one permutation draw under RPI)."
         return self._compute(name, 'rpi' if rpi else 'normal')[1]
 
-    def figure(self, name: str, layer: int = 0, query: int | tuple[int, int] | None = None, rpi: bool = False):
-        "Two panels: the similarity map of the query token, and the SSDC curves (normal and RPI) with `layer` marked."
-        import matplotlib.pyplot as plt
-        h, w = self.grid_size(name)
-        if query is None: query = (h // 2, w // 2)
-        r, c = query if isinstance(query, tuple) else divmod(int(query), w)
-        fig, (a, b) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.2), gridspec_kw=dict(width_ratios=[1, 1.3]))
-        im = a.imshow(self.similarity_map(name, layer, (r, c), rpi), cmap='viridis')
-        a.plot(c, r, marker='x', color='red', ms=9, mew=2)
-        a.set_title(f"{name}, layer {layer}{', RPI' if rpi else ''}: similarity to ({r}, {c})", fontsize=9)
-        a.set_xticks([]); a.set_yticks([]); fig.colorbar(im, ax=a, fraction=.046)
-        for mode, style in (('normal', '-'), ('rpi', '--')):
-            v = self.ssdc(name, mode == 'rpi')
-            b.plot(range(len(v)), v, style, marker='o', ms=3, color=name_color(name), label=f"{name} ({mode})")
-        b.axvline(layer, color='grey', lw=.8); b.axhline(0, color='k', lw=.5, alpha=.4)
-        from matplotlib.ticker import MaxNLocator
-        b.xaxis.set_major_locator(MaxNLocator(integer=True))                     # layers are whole numbers
-        b.set_xlabel('Layer'); b.set_ylabel('SSDC'); b.set_title('SSDC by depth', fontsize=9)
-        legend_below(fig, [b], ncol=2)                                            # below the curves, not on them
-        return fig
+# %% ../nbs/12_explorer.ipynb #a1383bc4
+@patch
+def figure(self: Explorer, name: str, layer: int = 0, query: int | tuple[int, int] | None = None, rpi: bool = False):
+    "Two panels: the similarity map of the query token, and the SSDC curves (normal and RPI) with `layer` marked."
+    import matplotlib.pyplot as plt
+    h, w = self.grid_size(name)
+    if query is None: query = (h // 2, w // 2)
+    r, c = query if isinstance(query, tuple) else divmod(int(query), w)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.2), gridspec_kw=dict(width_ratios=[1, 1.3]))
+    im = a.imshow(self.similarity_map(name, layer, (r, c), rpi), cmap='viridis')
+    a.plot(c, r, marker='x', color='red', ms=9, mew=2)
+    a.set_title(f"{name}, layer {layer}{', RPI' if rpi else ''}: similarity to ({r}, {c})", fontsize=9)
+    a.set_xticks([]); a.set_yticks([]); fig.colorbar(im, ax=a, fraction=.046)
+    for mode, style in (('normal', '-'), ('rpi', '--')):
+        v = self.ssdc(name, mode == 'rpi')
+        b.plot(range(len(v)), v, style, marker='o', ms=3, color=name_color(name), label=f"{name} ({mode})")
+    b.axvline(layer, color='grey', lw=.8); b.axhline(0, color='k', lw=.5, alpha=.4)
+    from matplotlib.ticker import MaxNLocator
+    b.xaxis.set_major_locator(MaxNLocator(integer=True))                     # layers are whole numbers
+    b.set_xlabel('Layer'); b.set_ylabel('SSDC'); b.set_title('SSDC by depth', fontsize=9)
+    legend_below(fig, [b], ncol=2)                                            # below the curves, not on them
+    return fig
 
 # %% ../nbs/12_explorer.ipynb #a289c3f6
 @patch

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from fastcore.basics import patch
 
 from .core import check_choice, image_perms
 from .anatomy import anatomy, rpi_entries, timm_model
@@ -77,27 +78,32 @@ class TokenRecorder:
         for h in self._handles: h.remove()
         self._handles = []
 
-    def layer_features(self, point: str = 'ln1') -> list[torch.Tensor]: # L x (B, T, C)
-        "The recorded features of `point`, one tensor per layer in `self.layers` order."
-        f = self.features[check_choice('tap point', point, self.points)]
-        if not f: raise RuntimeError("nothing recorded yet: run a forward pass inside the `with TokenRecorder(...)` block")
-        return [f[i] for i in self.layers]
+# %% ../nbs/01b_hooks.ipynb #0287997f
+@patch
+def layer_features(self: TokenRecorder, point: str = 'ln1') -> list[torch.Tensor]: # L x (B, T, C)
+    "The recorded features of `point`, one tensor per layer in `self.layers` order."
+    f = self.features[check_choice('tap point', point, self.points)]
+    if not f: raise RuntimeError("nothing recorded yet: run a forward pass inside the `with TokenRecorder(...)` block")
+    return [f[i] for i in self.layers]
 
-    def stacked(self, point: str = 'ln1') -> torch.Tensor: # (L, B, T, C)
-        "All recorded layers of `point`, stacked in `self.layers` order (they must share a grid)."
-        if len(set(self.grids)) > 1: raise ValueError(f"the recorded layers lie on different grids {sorted(set(self.grids))} "
-                                                      "(Swin stages): read them one by one with `layer_features`")
-        return torch.stack(self.layer_features(point))
+@patch
+def stacked(self: TokenRecorder, point: str = 'ln1') -> torch.Tensor: # (L, B, T, C)
+    "All recorded layers of `point`, stacked in `self.layers` order (they must share a grid)."
+    if len(set(self.grids)) > 1: raise ValueError(f"the recorded layers lie on different grids {sorted(set(self.grids))} "
+                                                  "(Swin stages): read them one by one with `layer_features`")
+    return torch.stack(self.layer_features(point))
 
-    def patch_tokens(self, point: str = 'ln1') -> torch.Tensor | list[torch.Tensor]: # (L, B, N, C), or L x (B, N_l, C)
-        "Recorded features with the prefix (CLS) tokens dropped: stacked, or one tensor per layer when the grids differ (Swin)."
-        p = self.num_prefix_tokens
-        if len(set(self.grids)) > 1: return [t[:, p:] for t in self.layer_features(point)]
-        return self.stacked(point)[:, :, p:]
+@patch
+def patch_tokens(self: TokenRecorder, point: str = 'ln1') -> torch.Tensor | list[torch.Tensor]: # (L, B, N, C), or L x (B, N_l, C)
+    "Recorded features with the prefix (CLS) tokens dropped: stacked, or one tensor per layer when the grids differ (Swin)."
+    p = self.num_prefix_tokens
+    if len(set(self.grids)) > 1: return [t[:, p:] for t in self.layer_features(point)]
+    return self.stacked(point)[:, :, p:]
 
-    def prefix_tokens(self, point: str = 'ln1') -> torch.Tensor: # (L, B, P, C)
-        "The prefix (CLS) tokens of the recorded features."
-        return self.stacked(point)[:, :, :self.num_prefix_tokens]
+@patch
+def prefix_tokens(self: TokenRecorder, point: str = 'ln1') -> torch.Tensor: # (L, B, P, C)
+    "The prefix (CLS) tokens of the recorded features."
+    return self.stacked(point)[:, :, :self.num_prefix_tokens]
 
 # %% ../nbs/01b_hooks.ipynb #f0191745
 PERM_MODES = ('batch', 'sample', 'draw', 'image')
@@ -160,33 +166,42 @@ class TokenPermutation:
         if self.mode == 'batch': return torch.randperm(num_tokens, generator=g, device=device).expand(batch_size, -1)
         return torch.rand(batch_size, num_tokens, generator=g, device=device).argsort(dim=1)
 
-    def _hook(self, module, inp, out, layout: str = 'auto'):
-        if not self.enabled: return out
-        y = out[0] if isinstance(out, tuple) else out          # some embeddings return (tokens, grid size)
-        x = _as_tokens(y, layout, inp[0].shape[0])             # (B, N, C)
-        perm = self.draw(x.shape[0], x.shape[1], x.device)
-        if module is self.entries[0][0]: self.last_perm, self.seen = perm, self.seen + x.shape[0]   # once per image
-        shared = self.perm is None and self.mode in ('batch', 'draw')
-        x = apply_token_perm(x, perm[0] if shared else perm)
-        x = x.transpose(1, 2).reshape(y.shape) if layout == 'nchw' else x.reshape(y.shape)
-        return (x, *out[1:]) if isinstance(out, tuple) else x
-
-    def state_dict(self) -> dict:
-        "The states of the seeded generators (one per device), for resuming a run exactly."
-        return {k: g.get_state() for k, g in self._gen.items()}
-    def load_state_dict(self, state: dict):
-        "Restore `state_dict()`: each device's generator continues where it was."
-        for dev, s in state.items(): self._generator(torch.device(dev)).set_state(s)
-
-    def attach(self):
-        "Register the hook (idempotent)."
-        if self._handle is None:
-            self._handle = [m.register_forward_hook(lambda mod, inp, out, l=l: self._hook(mod, inp, out, l)) for m, l in self.entries]
-        return self
-    def detach(self):
-        "Remove the hook."
-        if self._handle is not None:
-            for h in self._handle: h.remove()
-            self._handle = None
     def __enter__(self): return self.attach()
     def __exit__(self, *exc): self.detach()
+
+# %% ../nbs/01b_hooks.ipynb #51307feb
+@patch
+def _hook(self: TokenPermutation, module, inp, out, layout: str = 'auto'):
+    if not self.enabled: return out
+    y = out[0] if isinstance(out, tuple) else out          # some embeddings return (tokens, grid size)
+    x = _as_tokens(y, layout, inp[0].shape[0])             # (B, N, C)
+    perm = self.draw(x.shape[0], x.shape[1], x.device)
+    if module is self.entries[0][0]: self.last_perm, self.seen = perm, self.seen + x.shape[0]   # once per image
+    shared = self.perm is None and self.mode in ('batch', 'draw')
+    x = apply_token_perm(x, perm[0] if shared else perm)
+    x = x.transpose(1, 2).reshape(y.shape) if layout == 'nchw' else x.reshape(y.shape)
+    return (x, *out[1:]) if isinstance(out, tuple) else x
+
+@patch
+def state_dict(self: TokenPermutation) -> dict:
+    "The states of the seeded generators (one per device), for resuming a run exactly."
+    return {k: g.get_state() for k, g in self._gen.items()}
+
+@patch
+def load_state_dict(self: TokenPermutation, state: dict):
+    "Restore `state_dict()`: each device's generator continues where it was."
+    for dev, s in state.items(): self._generator(torch.device(dev)).set_state(s)
+
+@patch
+def attach(self: TokenPermutation):
+    "Register the hook (idempotent)."
+    if self._handle is None:
+        self._handle = [m.register_forward_hook(lambda mod, inp, out, l=l: self._hook(mod, inp, out, l)) for m, l in self.entries]
+    return self
+
+@patch
+def detach(self: TokenPermutation):
+    "Remove the hook."
+    if self._handle is not None:
+        for h in self._handle: h.remove()
+        self._handle = None

@@ -116,6 +116,7 @@ def _model_card(name: str, model: nn.Module, rec: dict, card: dict) -> str:
             '```', '']
     return '\n'.join(head + body)
 
+# %% ../nbs/02a_hub.ipynb #1c7a4866
 def save_hub(model: nn.Module,            # a pe_vit model built by name (timm.create_model, load_checkpoint) or any timm model
              out_dir: str | Path,         # the folder to create: config.json, model.safetensors, README.md
              card: dict | None = None,    # model-card rows (condition, data, recipe, accuracy, ssdc, ...), title, license

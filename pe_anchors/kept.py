@@ -22,8 +22,8 @@ from .results import (KEY_COLUMNS, check_runs, concat_results, fragility, gather
 from .data import ImageData
 from .hub import load_checkpoint, run_card, save_hub
 from .learner import init_model
-from .rundir import (RUN_FORMS, ExperimentDir, RunDir, TrainDir, find_run, hub_files, is_hub_folder, recover,
-                               staging, swap_in)
+from .rundir import RUN_FORMS, ExperimentDir, RunDir, TrainDir, find_run, hub_files, is_hub_folder
+from .safe_files import recover, staging, swap_in
 from .config import Experiment, experiment_of
 from .evaluate import EvalData, check_sample, evaluate_model, experiment_eval
 
@@ -157,6 +157,7 @@ def keep_runs(out_dir: str | Path, dest: str | Path,
     _write_meta(dest, exp, src)
     return _gather_kept(dest)
 
+# %% ../nbs/09d_kept.ipynb #357c0f9a
 def reevaluate(path: str | Path,                 # an experiment directory or a results folder with kept models
                dest: str | Path | None = None,   # where to write (default: in place)
                data_path: str | Path | None = None, device: str | torch.device | None = None,
@@ -189,6 +190,7 @@ def reevaluate(path: str | Path,                 # an experiment directory or a 
     _write_meta(dest, exp, src)
     return _gather_kept(dest)
 
+# %% ../nbs/09d_kept.ipynb #b9a62584
 def compare_results(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Where two results tables of the same runs differ, per metric, mode and stage: rows in both, rows identical, the
     largest absolute difference of `value` and the row where it is (rows only one table has are counted apart)."""

@@ -135,68 +135,72 @@ class RunRecorder(Callback):
             return self.start_epoch
         return 0
 
-    def finished(self, n_epochs: int, model: nn.Module) -> bool:
-        """Whether the run has done its `n_epochs` already (or ended earlier, stopped by a callback such as early stopping,
-        as its `final.json` says): then its final weights are loaded into `model`. A damaged
-        `final.json`, or final weights that do not load while the last epoch's checkpoint is there, are dropped with a
-        warning (the next fit restores that checkpoint and writes them again): not finished."""
-        final = self.dir.final
-        if final.exists():
-            try: read_json(final)
-            except ValueError as e:                                  # a damaged final.json: recompute it from the run
-                warnings.warn(f"{e}; rebuilding it from the last checkpoint"); final.unlink()
-        rec = read_json(final) if final.exists() else {}
-        stop = rec.get('epochs') if rec.get('stopped_early') else None                    # early stopping ended it there
-        if not (final.exists() and self.done >= (n_epochs if stop is None else stop)): return False
-        from safetensors.torch import load_file
-        try: unwrap_model(model).load_state_dict(load_file(str(self.dir.model)))
-        except Exception as e:                                       # torn or foreign: rebuilt from the last checkpoint
-            ck = self._resume[0] if self._resume is not None else None
-            if ck is None: raise ValueError(f"{self.dir.model} does not load ({type(e).__name__}) and no checkpoint of the "
-                                            "last epoch is left to rebuild it; resume=False (--restart) trains the run again") from None
-            warnings.warn(f"{self.dir.model} does not load ({type(e).__name__}: {str(e)[:60]}); rebuilt from {ck}")
-            final.unlink(); return False
-        return True
+# %% ../nbs/05b_recorder.ipynb #a5b9835c
+@patch
+def finished(self: RunRecorder, n_epochs: int, model: nn.Module) -> bool:
+    """Whether the run has done its `n_epochs` already (or ended earlier, stopped by a callback such as early stopping,
+    as its `final.json` says): then its final weights are loaded into `model`. A damaged
+    `final.json`, or final weights that do not load while the last epoch's checkpoint is there, are dropped with a
+    warning (the next fit restores that checkpoint and writes them again): not finished."""
+    final = self.dir.final
+    if final.exists():
+        try: read_json(final)
+        except ValueError as e:                                  # a damaged final.json: recompute it from the run
+            warnings.warn(f"{e}; rebuilding it from the last checkpoint"); final.unlink()
+    rec = read_json(final) if final.exists() else {}
+    stop = rec.get('epochs') if rec.get('stopped_early') else None                    # early stopping ended it there
+    if not (final.exists() and self.done >= (n_epochs if stop is None else stop)): return False
+    from safetensors.torch import load_file
+    try: unwrap_model(model).load_state_dict(load_file(str(self.dir.model)))
+    except Exception as e:                                       # torn or foreign: rebuilt from the last checkpoint
+        ck = self._resume[0] if self._resume is not None else None
+        if ck is None: raise ValueError(f"{self.dir.model} does not load ({type(e).__name__}) and no checkpoint of the "
+                                        "last epoch is left to rebuild it; resume=False (--restart) trains the run again") from None
+        warnings.warn(f"{self.dir.model} does not load ({type(e).__name__}: {str(e)[:60]}); rebuilt from {ck}")
+        final.unlink(); return False
+    return True
 
-    def before_fit(self):
-        "Lock the run directory, write the config, keep the metrics of the finished epochs, restore the checkpoint."
-        if self.learn.lock.locked() or hasattr(self.learn, 'lr_finder') or hasattr(self.learn, 'gather_preds'):
-            self.run = False; return         # `validate` / `get_preds` (fastai sends them the fit's events) and `lr_find`
-        self.is_main = dist_info()[0] == 0
-        if self.is_main:
-            self._lock = self.dir.lock().__enter__()
-            if not self._lock.acquired:
-                raise ValueError(f"{self.run_dir} is being trained by another process; wait for it or use another directory")
-            self.dir.remove_leftovers()
-            write_atomic(self.dir.config, json.dumps(self.config, indent=2))
-            self._keep_metrics()
-        if self._resume is not None:
-            ck, weights, st = self._resume
-            unwrap_model(self.learn.model).load_state_dict({k: v.to(self.dls.device) for k, v in weights.items()})
-            self.learn.opt.load_state_dict(st['opt'])
-            for name, s in st['cbs'].items():                          # the state of callbacks that keep one
-                if getattr(self.learn, name, None) is not None: getattr(self.learn, name).load_state_dict(s)
-            _set_rng_state(self.learn, st['rng'])
-            sl = self.learn.recorder.smooth_loss                     # the train_loss column is fastai's smoothed loss
-            sl.val, sl.count = st['smooth_loss']
-            self._resume = None                                      # restored once: a later fit goes on from here
-        self._old_logger, self.t_fit, self.train_time, self.train_imgs = None, time.perf_counter(), 0., 0
-        self.stopped = self.stop_after_epoch = False
+# %% ../nbs/05b_recorder.ipynb #03f60fb5
+@patch
+def before_fit(self: RunRecorder):
+    "Lock the run directory, write the config, keep the metrics of the finished epochs, restore the checkpoint."
+    if self.learn.lock.locked() or hasattr(self.learn, 'lr_finder') or hasattr(self.learn, 'gather_preds'):
+        self.run = False; return         # `validate` / `get_preds` (fastai sends them the fit's events) and `lr_find`
+    self.is_main = dist_info()[0] == 0
+    if self.is_main:
+        self._lock = self.dir.lock().__enter__()
+        if not self._lock.acquired:
+            raise ValueError(f"{self.run_dir} is being trained by another process; wait for it or use another directory")
+        self.dir.remove_leftovers()
+        write_atomic(self.dir.config, json.dumps(self.config, indent=2))
+        self._keep_metrics()
+    if self._resume is not None:
+        ck, weights, st = self._resume
+        unwrap_model(self.learn.model).load_state_dict({k: v.to(self.dls.device) for k, v in weights.items()})
+        self.learn.opt.load_state_dict(st['opt'])
+        for name, s in st['cbs'].items():                          # the state of callbacks that keep one
+            if getattr(self.learn, name, None) is not None: getattr(self.learn, name).load_state_dict(s)
+        _set_rng_state(self.learn, st['rng'])
+        sl = self.learn.recorder.smooth_loss                     # the train_loss column is fastai's smoothed loss
+        sl.val, sl.count = st['smooth_loss']
+        self._resume = None                                      # restored once: a later fit goes on from here
+    self._old_logger, self.t_fit, self.train_time, self.train_imgs = None, time.perf_counter(), 0., 0
+    self.stopped = self.stop_after_epoch = False
 
-    def _keep_metrics(self):
-        "metrics.csv: the rows of the epochs before `start_epoch`, restored from the checkpoint where they are missing."
-        p = self.dir.metrics
-        rows = _read_metrics(p)
-        keep = [r for r in rows if int(r['epoch']) < self.start_epoch]
-        lost = sorted(set(range(self.start_epoch)) - {int(r['epoch']) for r in keep})
-        if lost and self._resume is not None:
-            saved = [r for r in self._resume[2].get('metrics') or [] if int(r['epoch']) < self.start_epoch]
-            span = f"epochs {lost[0]}..{lost[-1]}" if len(lost) > 1 else f"epoch {lost[0]}"
-            if {int(r['epoch']) for r in saved} >= set(lost):
-                keep = saved; warnings.warn(f"{p} lacked the rows of {span}; restored them from {self._resume[0]}")
-            else: warnings.warn(f"{p} lacks the rows of {span} and the checkpoint does not hold them: that history is lost")
-        if keep != rows: _write_metrics(p, keep)
-
+@patch
+def _keep_metrics(self: RunRecorder):
+    "metrics.csv: the rows of the epochs before `start_epoch`, restored from the checkpoint where they are missing."
+    p = self.dir.metrics
+    rows = _read_metrics(p)
+    keep = [r for r in rows if int(r['epoch']) < self.start_epoch]
+    lost = sorted(set(range(self.start_epoch)) - {int(r['epoch']) for r in keep})
+    if lost and self._resume is not None:
+        saved = [r for r in self._resume[2].get('metrics') or [] if int(r['epoch']) < self.start_epoch]
+        span = f"epochs {lost[0]}..{lost[-1]}" if len(lost) > 1 else f"epoch {lost[0]}"
+        if {int(r['epoch']) for r in saved} >= set(lost):
+            keep = saved; warnings.warn(f"{p} lacked the rows of {span}; restored them from {self._resume[0]}")
+        else: warnings.warn(f"{p} lacks the rows of {span} and the checkpoint does not hold them: that history is lost")
+    if keep != rows: _write_metrics(p, keep)
 
 # %% ../nbs/05b_recorder.ipynb #45d2a824
 @patch
@@ -345,6 +349,7 @@ def _skipped(cb: Callback) -> bool:
     rec = run_recorder(cb.learn)
     return rec is not None and rec.run and cb.epoch < rec.start_epoch
 
+# %% ../nbs/05b_recorder.ipynb #52ef7d78
 class SaveModel(SaveModelCallback):
     "fastai's `SaveModelCallback`: the best model so far in the run directory's `models/`, its best value kept in the run's checkpoints."
     def __init__(self,
@@ -382,4 +387,3 @@ class EarlyStopping(EarlyStoppingCallback):
             rec.stop_after_epoch = True
     def state_dict(self) -> dict: return dict(best=float(self.best), wait=int(self.wait))
     def load_state_dict(self, s: dict): self.best, self.wait = s['best'], s['wait']
-

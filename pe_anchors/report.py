@@ -53,6 +53,7 @@ def report_meta(path: str | Path) -> dict:
     if len(ks) == 1: meta['num_classes'] = ks.pop()                # the runs' own: chance for the FS rule
     return meta
 
+# %% ../nbs/10g_report.ipynb #f1b016e9
 def missing_runs(exp: dict | None,      # the experiment's recorded fields (`report_meta(path)['experiment']`)
                  df: pd.DataFrame,       # its table
                 ) -> list[str]:
@@ -61,6 +62,7 @@ def missing_runs(exp: dict | None,      # the experiment's recorded fields (`rep
     return [RunDir.name(c, s) for s in (exp or {}).get('seeds') or [] for c in (exp or {}).get('conditions') or []
             if (c, int(s)) not in have]
 
+# %% ../nbs/10g_report.ipynb #061259b1
 def _hardware(runs: list[dict], short: bool) -> str:
     "Each distinct machine the runs record, once, with how many runs it trained (`short`: the CPU or GPU part only)."
     hw = [r['hardware'].split('; ')[0] if short else r['hardware'] for r in runs if r.get('hardware')]
@@ -125,6 +127,7 @@ def _render(blocks: list[tuple[str, object]]) -> tuple[str, str]:
     page = f"<!doctype html><meta charset='utf-8'><title>pe_anchors report</title><style>{style}</style>\n" + '\n'.join(ht)
     return '\n\n'.join(md) + '\n', page
 
+# %% ../nbs/10g_report.ipynb #944bfce4
 def _save(fig, dest: ReportDir, name: str) -> str:
     import matplotlib.pyplot as plt
     for ext in ('png', 'svg'): fig.savefig(dest.figure(name, ext), dpi=130, bbox_inches='tight')
@@ -166,11 +169,9 @@ def write_report(results: str | Path | pd.DataFrame,   # an experiment directory
     finally: shutil.rmtree(tmp.path, ignore_errors=True)
     return dest.markdown
 
-def _write(df, meta, dest: ReportDir, title, num_classes):
-    exp, runs = _with_defaults(meta.get('experiment')), meta.get('runs') or []
-    K = num_classes or meta.get('num_classes')
-    name = title or (exp or {}).get('name') or str(df['experiment'].iloc[0] if 'experiment' in df else df['dataset'].iloc[0])
-    b = [('h1', f"pe_anchors report: {name}")]
+# %% ../nbs/10g_report.ipynb #4d8fe006
+def _setting(df: pd.DataFrame, exp: dict | None, meta: dict) -> str:
+    "The setting paragraph: conditions × seeds, data, model, recipe, the SSDC sample, and the declared runs the table lacks."
     seeds = sorted(int(s) for s in df['seed'].unique())
     setting = f"{len(condition_order(df['condition']))} conditions × {len(seeds)} seed(s) {seeds}"
     if exp:
@@ -184,14 +185,11 @@ def _write(df, meta, dest: ReportDir, title, num_classes):
                     f"{max(s['per_class'])} per class, indices sha1 {s['sha1'][:12]}), the same for every run")
     gone = missing_runs(exp, df)
     if gone: setting += f"; not in the table, though the experiment declares them: {', '.join(gone)}"
-    b.append(('p', f"Setting: {setting}."))
-    if runs:
-        hw = sorted({str(r.get('hardware', 'not recorded')) for r in runs})
-        fit, ev = (sum(r.get(k) or 0. for r in runs) for k in ('train_and_init_s', 'eval_s'))
-        b.append(('p', f"Hardware: {'; '.join(hw)}. Wall time of the {len(runs)} run(s): {(fit + ev) / 60:.1f} min "
-                       f"(training {fit / 60:.1f} min)."))
-    b.append(('p', f"Reference values are the paper's ({PAPER_LABEL}); on other data and models they show the expected "
-                   "shape of each result, not numbers to match."))
+    return f"Setting: {setting}."
+
+def _tables(df: pd.DataFrame, exp: dict | None, meta: dict, K: int | None) -> list:
+    "The blocks of the reference (where one is shipped), the verdicts and the paper's tables, as far as the table measures them."
+    b = []
     ref = reference_of(df, exp)
     if ref:                                 # an experiment with a shipped reference (the demo's preset): its runs against it
         t, rv = reference_table(df, ref, exp), reference_verdicts(ref)
@@ -214,7 +212,11 @@ def _write(df, meta, dest: ReportDir, title, num_classes):
     for c, label in (('ape', 'Tables 1 and 3: α sweep, APE'), ('spe', 'Table 4: α sweep, SPE')):
         if not alpha_rows(df)[lambda d: d['condition'] == c].empty:
             ta = table_alpha(df, c, K); b += [('h2', label), ('table', ta), ('p', ta.attrs['note'])]
-    b += [('h2', 'Readings'), ('p', readings(df, K))]
+    return b
+
+# %% ../nbs/10g_report.ipynb #558fd7ea
+def _figures(df: pd.DataFrame, dest: ReportDir, K: int | None) -> list:
+    "The blocks of the paper's figures the table can draw, each saved into the report (or why it is not drawn)."
     figs = [('Figure 1: static prior', 'fig1', fig1, dict(condition='nope', stage='untrained')),
             ('Figure 2: SSDC under RPI', 'fig2', fig2, dict(mode='rpi')),
             ('Figure 3: fragility', 'fig3', fig3, dict(metric='fs')),
@@ -222,12 +224,30 @@ def _write(df, meta, dest: ReportDir, title, num_classes):
             ('Figure 5: RPT', 'fig5', fig5, dict(condition='rpt', mode='rpi')),
             ('α sweep', 'fig_alpha', lambda d: fig_alpha(d, K), dict(sweep='alpha')),
             ('ImageNet-C severities', 'fig_severity', fig_severity, dict(severity=[str(i) for i in range(1, 6)]))]
+    b = []
     for heading, fname, fn, need in figs:
         if not _has(df, **need): continue
         try: b += [('h2', heading), ('img', _save(fn(df), dest, fname))]
         except (KeyError, ValueError) as e:                       # a subset of conditions: say what is missing
             import matplotlib.pyplot as plt; plt.close('all')
             b += [('p', f"not drawn: {e}")]
+    return b
+
+def _write(df, meta, dest: ReportDir, title, num_classes):
+    exp, runs = _with_defaults(meta.get('experiment')), meta.get('runs') or []
+    K = num_classes or meta.get('num_classes')
+    name = title or (exp or {}).get('name') or str(df['experiment'].iloc[0] if 'experiment' in df else df['dataset'].iloc[0])
+    b = [('h1', f"pe_anchors report: {name}"), ('p', _setting(df, exp, meta))]
+    if runs:
+        hw = sorted({str(r.get('hardware', 'not recorded')) for r in runs})
+        fit, ev = (sum(r.get(k) or 0. for r in runs) for k in ('train_and_init_s', 'eval_s'))
+        b.append(('p', f"Hardware: {'; '.join(hw)}. Wall time of the {len(runs)} run(s): {(fit + ev) / 60:.1f} min "
+                       f"(training {fit / 60:.1f} min)."))
+    b.append(('p', f"Reference values are the paper's ({PAPER_LABEL}); on other data and models they show the expected "
+                   "shape of each result, not numbers to match."))
+    b += _tables(df, exp, meta, K)
+    b += [('h2', 'Readings'), ('p', readings(df, K))]
+    b += _figures(df, dest, K)
     md, page = _render(b)
     write_atomic(dest.markdown, md); write_atomic(dest.html, page)
     write_results(df, dest.results)

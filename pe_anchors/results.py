@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from .core import N_PERMS, RECIPES, Recipe, write_atomic
-from .rundir import (CONFIG, TRAIN, ExperimentDir, RunDir, checksum_file, config_diff, find_experiment,
-                               protocol_diff, run_setting)
+from .rundir import CONFIG, TRAIN, ExperimentDir, RunDir, config_diff, find_experiment, protocol_diff, run_setting
+from .safe_files import checksum_file
 
 
 # %% auto #0
@@ -77,6 +77,7 @@ def read_table(path: str | Path, dtype: dict | None = None) -> pd.DataFrame:
     if again: raise ValueError(f"{path}: line {again[0]} repeats the header (two tables pasted together?): keep one copy of each row")
     return pd.read_csv(io.StringIO(raw.decode()), dtype=dtype)
 
+# %% ../nbs/00_results.ipynb #24509964
 def read_results(path: str | Path) -> pd.DataFrame:
     "Read a results CSV with the table's column types; refuse a torn or altered file (`read_table`), missing columns and repeated rows."
     path = Path(path)
@@ -185,6 +186,7 @@ def one_dataset(df: pd.DataFrame, what: str) -> pd.DataFrame:
                                         f"e.g. df[df.dataset == {names[0]!r}]")
     return df
 
+# %% ../nbs/00_results.ipynb #b510d2fd
 def gather(out_dir: str | Path, write: bool = True) -> pd.DataFrame:
     "Every finished run of an experiment directory, checked and combined, with the derived rows (written to its `results.csv`)."
     ed = ExperimentDir(out_dir)
@@ -196,6 +198,7 @@ def gather(out_dir: str | Path, write: bool = True) -> pd.DataFrame:
     if write: write_results(df, ed.results)
     return df
 
+# %% ../nbs/00_results.ipynb #5a614065
 def disagreement(runs: pd.DataFrame, table: pd.DataFrame) -> str:
     "How an experiment's table differs from its runs' tables gathered: runs one of them lacks, rows missing or different ('' when they agree)."
     name = lambda pairs: ', '.join(RunDir.name(c, s) for c, s in sorted(pairs))
@@ -220,6 +223,7 @@ def disagreement(runs: pd.DataFrame, table: pd.DataFrame) -> str:
                    f"layer {r['layer']}: {col} {r[col]} under runs/, {r[col + '~']} in the table")
     return '; '.join(out)
 
+# %% ../nbs/00_results.ipynb #eba13a06
 def experiment_rows(path: str | Path) -> pd.DataFrame:
     """The rows of an experiment directory or results folder: its runs' tables gathered (and checked), which its own
     table, where it has one, must repeat exactly; where they disagree, a one-line error says how."""
@@ -246,7 +250,6 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if p.is_file(): return with_peak_rpi(one_dataset(read_results(p), str(p)))
     if p.is_dir(): return experiment_rows(p)
     raise FileNotFoundError(f"no experiment directory or results file at {p}")
-
 
 # %% ../nbs/00_results.ipynb #537c833f
 SSDC_METRICS = ('ssdc', 'ssdc_image', 'delta_ssdc')     # the rows whose n_images / n_perms are the SSDC measurement's
@@ -278,6 +281,7 @@ def experiment_setting(exp: dict) -> dict:
     return json.loads(json.dumps(dict(recipe=asdict(replace(RECIPES[name], **kw)), model_kwargs=exp.get('model_kwargs') or {},
                                       **({'model': exp['model']} if exp.get('model') else {}))))
 
+# %% ../nbs/00_results.ipynb #be9d4049
 def check_run(exp,                                  # the experiment (an Experiment, or its recorded fields); None: unknown
               run_dir: str | Path,
               df: pd.DataFrame | None = None,       # the run's table, if read
@@ -326,6 +330,7 @@ def check_run(exp,                                  # the experiment (an Experim
                               f"{exp.get('n_perms', N_PERMS)}): its numbers would be averaged with the others'; "
                               f"move it out of {where} or measure it again")
 
+# %% ../nbs/00_results.ipynb #ab6dbc7e
 def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = None):
     """Refuse a finished run of an experiment directory or results folder that is not a run of its experiment
     (`check_run`, against `experiment.json` or the experiment of `meta.json`) or that was trained or measured otherwise
@@ -354,7 +359,6 @@ def check_runs(out_dir: str | Path, frames: dict[str, pd.DataFrame] | None = Non
                                       f"they are not runs of one experiment; move the foreign one out of {ed.path}")
             break                                                           # all earlier ones agree with the first
         seen[run] = setting
-
 
 # %% ../nbs/00_results.ipynb #ebfa85bf
 def main_rows(df: pd.DataFrame) -> pd.DataFrame:

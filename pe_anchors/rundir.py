@@ -4,20 +4,28 @@
 
 # %% ../nbs/00b_rundir.ipynb #45187361
 from __future__ import annotations
-import contextlib, errno, json, os, re, shutil, uuid
+import json, shutil
 from pathlib import Path
 from typing import Iterable
 
-from .core import read_json, write_atomic
+from fastcore.basics import patch
+
+from .core import read_json
+from .safe_files import (CHECKPOINT_TMP, CHECKSUM, LEFTOVERS, LOCK, MANIFEST, RunLock, check_writable,
+                                   checksum_file, folder_files, recover, remove_leftovers, staging, swap_in, written)
+
+# how the files below are written safely (locks, leftovers, checksum files, folders swapped in), importable from here as before
+_all_ = ['LOCK', 'CHECKSUM', 'checksum_file', 'RunLock', 'CHECKPOINT_TMP', 'LEFTOVERS', 'remove_leftovers', 'MANIFEST',
+         'staging', 'folder_files', 'written', 'check_writable', 'swap_in', 'recover']
 
 # %% auto #0
 __all__ = ['CONFIG', 'METRICS', 'FINAL', 'MODEL_FILE', 'CHECKPOINTS', 'STATE', 'CHECKPOINT_GLOB', 'SNAPSHOTS', 'TRAIN', 'RESULTS',
            'RUN_RECORD', 'KEPT_MODEL', 'RUNS', 'EXPERIMENT', 'META', 'SAMPLE', 'SHIFTS', 'CACHE', 'REPORT', 'MECH',
-           'LOCK', 'CHECKSUM', 'CHECKPOINT_TMP', 'LEFTOVERS', 'RUN_FORMS', 'EXPERIMENT_FORMS', 'MANIFEST', 'STUDIES',
-           'STUDY_RECORD', 'VOLATILE', 'PROTOCOL', 'checksum_file', 'is_hub_folder', 'hub_files', 'RunLock',
-           'remove_leftovers', 'TrainDir', 'RunDir', 'find_run', 'train_dir_of', 'ExperimentDir', 'find_experiment',
-           'ReportDir', 'staging', 'folder_files', 'written', 'check_writable', 'swap_in', 'recover', 'StudyDir',
-           'config_diff', 'run_protocol', 'protocol_diff', 'run_setting']
+           'RUN_FORMS', 'EXPERIMENT_FORMS', 'STUDIES', 'STUDY_RECORD', 'VOLATILE', 'PROTOCOL', 'is_hub_folder',
+           'hub_files', 'TrainDir', 'RunDir', 'find_run', 'train_dir_of', 'ExperimentDir', 'find_experiment',
+           'ReportDir', 'StudyDir', 'config_diff', 'run_protocol', 'protocol_diff', 'run_setting', 'LOCK', 'CHECKSUM',
+           'checksum_file', 'RunLock', 'CHECKPOINT_TMP', 'LEFTOVERS', 'remove_leftovers', 'MANIFEST', 'staging',
+           'folder_files', 'written', 'check_writable', 'swap_in', 'recover']
 
 # %% ../nbs/00b_rundir.ipynb #9a6a7084
 CONFIG, METRICS, FINAL, MODEL_FILE = 'config.json', 'metrics.csv', 'final.json', 'model.safetensors'   # a training run
@@ -26,11 +34,6 @@ SNAPSHOTS = 'snapshots'         # weights kept at chosen epochs (a trajectory), 
 TRAIN, RESULTS, RUN_RECORD, KEPT_MODEL = 'train', 'results.csv', 'run.json', 'model'                    # a run of an experiment
 RUNS, EXPERIMENT, META, SAMPLE, SHIFTS, CACHE, REPORT, MECH = ('runs', 'experiment.json', 'meta.json', 'ssdc_sample.json',
                                                                'shifts.json', 'cache', 'report', 'mech')   # an experiment
-LOCK, CHECKSUM = '.lock', '.sha256'   # a directory's lock file; a table's checksum file is named after it plus this
-
-def checksum_file(table: str | Path) -> Path:
-    "The checksum file beside a results table (`results.csv.sha256`), written and checked by `write_results` / `read_results`."
-    return Path(str(table) + CHECKSUM)
 
 def is_hub_folder(p: str | Path) -> bool:
     "Whether `p` is a Hub folder in timm's layout (`config.json` naming an architecture, `model.safetensors`): a kept model, or `save_hub`'s."
@@ -40,55 +43,6 @@ def is_hub_folder(p: str | Path) -> bool:
 def hub_files(folder: str | Path) -> tuple[Path, Path]:
     "The (config, weights) files of a Hub folder."
     return Path(folder) / CONFIG, Path(folder) / MODEL_FILE
-
-# %% ../nbs/00b_rundir.ipynb #4cb6df8a
-class RunLock:
-    "Non-blocking lock on a directory, exclusive or `shared` (re-entrant within a process); `.acquired` says whether it is held."
-    _held: dict = {}                                   # lock file -> [fd, count] held by this process
-    def __init__(self, directory: str | Path, shared: bool = False):
-        self.path, self.shared, self.acquired = Path(directory) / LOCK, shared, False
-    def __enter__(self) -> 'RunLock':
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        key = str(self.path.resolve())
-        if key in RunLock._held: RunLock._held[key][1] += 1; self.acquired = True; return self
-        try:
-            import fcntl
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try: fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-            except BlockingIOError: os.close(fd); return self
-        except ImportError:                                                     # no fcntl (Windows): shared is free
-            if self.shared: fd = None
-            else:
-                try: fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR)
-                except FileExistsError: return self
-        RunLock._held[key], self.acquired = [fd, 1], True
-        return self
-    def __exit__(self, *exc):
-        if not self.acquired: return
-        self.acquired = False
-        key = str(self.path.resolve())
-        held = RunLock._held.get(key)
-        if held is None: return
-        held[1] -= 1
-        if held[1] > 0: return
-        del RunLock._held[key]
-        if held[0] is None: return
-        try:
-            import fcntl; fcntl.flock(held[0], fcntl.LOCK_UN); os.close(held[0])
-        except ImportError: os.close(held[0]); self.path.unlink(missing_ok=True)
-
-CHECKPOINT_TMP = '.tmp_epoch_{:03d}_'    # the prefix of a checkpoint folder being written (tempfile.mkdtemp adds 8 characters)
-LEFTOVERS = re.compile(r'^\..+\.[a-z0-9_]{8}\.tmp$|^\.tmp_epoch_\d{3}_[a-z0-9_]{8}$')
-
-def remove_leftovers(directory: str | Path) -> list[Path]:
-    "Delete the temporary files and folders that killed writers left in `directory` (call it holding its lock)."
-    d, gone = Path(directory), []
-    if not d.is_dir(): return gone
-    for p in sorted(p for p in d.iterdir() if LEFTOVERS.match(p.name)):
-        try: shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        except FileNotFoundError: continue
-        gone.append(p)
-    return gone
 
 # %% ../nbs/00b_rundir.ipynb #ce2049e0
 class TrainDir:
@@ -149,31 +103,35 @@ class TrainDir:
         done = self.checkpoints()
         return done[-1] if done else None
 
-    def exists(self) -> bool:
-        "Whether this is a training run already (any of its files is there); a Hub folder is not one."
-        return self.path.is_dir() and not is_hub_folder(self.path) and any(
-            (self.path / n).exists() for n in (CONFIG, METRICS, FINAL, MODEL_FILE, CHECKPOINTS))
-    def read_config(self) -> dict:
-        "The recorded config (`{}` before the first fit)."
-        return read_json(self.config) if self.config.exists() else {}
-    def logs(self, tracker: str) -> Path:
-        "The folder a tracker callback writes to (`tensorboard/`)."
-        return self.path / tracker
-    def lock(self, shared: bool = False) -> RunLock:
-        "The run's lock (held while a process trains it)."
-        return RunLock(self.path, shared)
-    def remove_leftovers(self) -> list[Path]:
-        "The temporary files and checkpoint folders of killed writers, deleted (call it holding the run's lock)."
-        return remove_leftovers(self.path) + remove_leftovers(self.checkpoints_dir) + remove_leftovers(self.snapshots_dir)
-    def clear(self):
-        "Delete what a fit wrote: checkpoints, metrics, final metrics and weights (the config stays until the next fit)."
-        shutil.rmtree(self.checkpoints_dir, ignore_errors=True); shutil.rmtree(self.snapshots_dir, ignore_errors=True)
-        for f in (self.metrics, self.final, self.model): f.unlink(missing_ok=True)
+# %% ../nbs/00b_rundir.ipynb #bc7d8e0a
+@patch
+def exists(self: TrainDir) -> bool:
+    "Whether this is a training run already (any of its files is there); a Hub folder is not one."
+    return self.path.is_dir() and not is_hub_folder(self.path) and any(
+        (self.path / n).exists() for n in (CONFIG, METRICS, FINAL, MODEL_FILE, CHECKPOINTS))
+@patch
+def read_config(self: TrainDir) -> dict:
+    "The recorded config (`{}` before the first fit)."
+    return read_json(self.config) if self.config.exists() else {}
+@patch
+def logs(self: TrainDir, tracker: str) -> Path:
+    "The folder a tracker callback writes to (`tensorboard/`)."
+    return self.path / tracker
+@patch
+def lock(self: TrainDir, shared: bool = False) -> RunLock:
+    "The run's lock (held while a process trains it)."
+    return RunLock(self.path, shared)
+@patch
+def remove_leftovers(self: TrainDir) -> list[Path]:
+    "The temporary files and checkpoint folders of killed writers, deleted (call it holding the run's lock)."
+    return remove_leftovers(self.path) + remove_leftovers(self.checkpoints_dir) + remove_leftovers(self.snapshots_dir)
+@patch
+def clear(self: TrainDir):
+    "Delete what a fit wrote: checkpoints, metrics, final metrics and weights (the config stays until the next fit)."
+    shutil.rmtree(self.checkpoints_dir, ignore_errors=True); shutil.rmtree(self.snapshots_dir, ignore_errors=True)
+    for f in (self.metrics, self.final, self.model): f.unlink(missing_ok=True)
 
 # %% ../nbs/00b_rundir.ipynb #22bcd8d3
-RUN_FORMS = ("a run directory (runs/<condition>-s<seed>/ of an experiment, or `pe_anchors train --out`'s), its train/, "
-             f"its model/ or the {MODEL_FILE} in either")
-
 class RunDir:
     "A run: its training run (`train/`, or the run folder itself for a training run on its own), results table, record and kept model."
     def __init__(self, path: str | Path, train: str | Path | None = None):
@@ -221,18 +179,27 @@ class RunDir:
     def lock(self, shared: bool = False) -> RunLock:
         "The run's own lock (held while a sweep trains and evaluates it)."
         return RunLock(self.path, shared)
-    def kept_files(self) -> list[Path]:
-        "What a results folder keeps of the run besides its model: its table, the table's checksum and its record."
-        return [f for f in (self.results, checksum_file(self.results), self.record) if f.exists()]
-    def keep_into(self, other: 'RunDir'):
-        "Copy what a results folder keeps of the run into `other`'s folder: its table and checksum, its record, its kept model."
-        other.path.mkdir(parents=True, exist_ok=True)
-        for f in self.kept_files(): shutil.copy2(f, other.path / f.name)
-        shutil.copytree(self.kept, other.kept)
-    def copy_without_training(self, dest: str | Path) -> 'RunDir':
-        "A copy of the run at `dest` without its training run and its locks (what a new measurement of the run rewrites)."
-        shutil.copytree(self.path, dest, ignore=shutil.ignore_patterns(TRAIN, LOCK))
-        return RunDir(dest)
+
+# %% ../nbs/00b_rundir.ipynb #ecb0e69b
+@patch
+def kept_files(self: RunDir) -> list[Path]:
+    "What a results folder keeps of the run besides its model: its table, the table's checksum and its record."
+    return [f for f in (self.results, checksum_file(self.results), self.record) if f.exists()]
+@patch
+def keep_into(self: RunDir, other: 'RunDir'):
+    "Copy what a results folder keeps of the run into `other`'s folder: its table and checksum, its record, its kept model."
+    other.path.mkdir(parents=True, exist_ok=True)
+    for f in self.kept_files(): shutil.copy2(f, other.path / f.name)
+    shutil.copytree(self.kept, other.kept)
+@patch
+def copy_without_training(self: RunDir, dest: str | Path) -> 'RunDir':
+    "A copy of the run at `dest` without its training run and its locks (what a new measurement of the run rewrites)."
+    shutil.copytree(self.path, dest, ignore=shutil.ignore_patterns(TRAIN, LOCK))
+    return RunDir(dest)
+
+# %% ../nbs/00b_rundir.ipynb #fe3e0250
+RUN_FORMS = ("a run directory (runs/<condition>-s<seed>/ of an experiment, or `pe_anchors train --out`'s), its train/, "
+             f"its model/ or the {MODEL_FILE} in either")
 
 def _is_run(d: Path) -> bool:
     "Whether `d` is the top of a run of an experiment."
@@ -307,56 +274,73 @@ class ExperimentDir:
         "The table of an analysis of its runs, beside its own (`retrained`, `peg_padding`, `cifar10c`, `resolution`, ...)."
         return self.path / f'{name}.csv'
 
-    def run(self, condition: str, seed: int) -> RunDir:
-        "Run (condition, seed)."
-        return RunDir(self.runs_dir / RunDir.name(condition, seed))
-    def runs(self) -> list[RunDir]:
-        "Every run folder, by name (not the hidden temporary copies of a writer)."
-        d = self.runs_dir
-        return [RunDir(p) for p in sorted(d.iterdir()) if p.is_dir() and not p.name.startswith('.')] if d.is_dir() else []
-    def finished(self) -> list[RunDir]:
-        "The finished runs (their table written), by name."
-        return [r for r in self.runs() if r.is_finished()]
-    def run_tables(self) -> dict[str, Path]:
-        "The finished runs' tables, by their path inside the directory (`runs/<run>/results.csv`, how messages name them)."
-        return {str(r.results.relative_to(self.path)): r.results for r in self.finished()}
-    def kept_runs(self) -> list[tuple[str, int]]:
-        "(condition, seed) of every finished run that kept its model."
-        out = []
-        for r in self.finished():
-            if r.record.exists() and r.has_kept_model():
-                rec = r.read_record(); out.append((rec['condition'], int(rec['seed'])))
-        return out
-    def run_locks(self) -> list[Path]:
-        "The run folders (and their training runs) that have a lock file: the ones a process may be holding."
-        return sorted({p.parent for r in self.runs() for p in ((r.path / LOCK), (r.train.path / LOCK)) if p.exists()})
-    def restart_paths(self) -> list[Path]:
-        "What `--restart` deletes: the runs, the tables, the records, the report."
-        return [self.path / n for n in self.RESTART]
+# %% ../nbs/00b_rundir.ipynb #125a55ca
+@patch
+def run(self: ExperimentDir, condition: str, seed: int) -> RunDir:
+    "Run (condition, seed)."
+    return RunDir(self.runs_dir / RunDir.name(condition, seed))
+@patch
+def runs(self: ExperimentDir) -> list[RunDir]:
+    "Every run folder, by name (not the hidden temporary copies of a writer)."
+    d = self.runs_dir
+    return [RunDir(p) for p in sorted(d.iterdir()) if p.is_dir() and not p.name.startswith('.')] if d.is_dir() else []
+@patch
+def finished(self: ExperimentDir) -> list[RunDir]:
+    "The finished runs (their table written), by name."
+    return [r for r in self.runs() if r.is_finished()]
+@patch
+def run_tables(self: ExperimentDir) -> dict[str, Path]:
+    "The finished runs' tables, by their path inside the directory (`runs/<run>/results.csv`, how messages name them)."
+    return {str(r.results.relative_to(self.path)): r.results for r in self.finished()}
+@patch
+def kept_runs(self: ExperimentDir) -> list[tuple[str, int]]:
+    "(condition, seed) of every finished run that kept its model."
+    out = []
+    for r in self.finished():
+        if r.record.exists() and r.has_kept_model():
+            rec = r.read_record(); out.append((rec['condition'], int(rec['seed'])))
+    return out
+@patch
+def run_locks(self: ExperimentDir) -> list[Path]:
+    "The run folders (and their training runs) that have a lock file: the ones a process may be holding."
+    return sorted({p.parent for r in self.runs() for p in ((r.path / LOCK), (r.train.path / LOCK)) if p.exists()})
+@patch
+def restart_paths(self: ExperimentDir) -> list[Path]:
+    "What `--restart` deletes: the runs, the tables, the records, the report."
+    return [self.path / n for n in self.RESTART]
 
-    def record(self) -> dict | None:
-        "The experiment's fields as recorded: `experiment.json`, else the `experiment` of `meta.json`; None without either."
-        if self.experiment.exists(): return read_json(self.experiment)
-        return self.read_meta().get('experiment') or None
-    def read_meta(self) -> dict:
-        "`meta.json` (`{}` without one)."
-        return read_json(self.meta) if self.meta.exists() else {}
-    def sample_record(self) -> dict | None:
-        "The SSDC sample's record: `ssdc_sample.json`, else the one in `meta.json`; None without either."
-        return read_json(self.sample) if self.sample.exists() else self.read_meta().get('ssdc_sample')
-    def run_records(self) -> list[dict]:
-        "Every run's record, by run name."
-        return [r.read_record() for r in self.runs() if r.record.exists()]
-    def run_configs(self) -> list[dict]:
-        "Every run's training config, by run name (runs without one are left out)."
-        return [r.read_config() for r in self.runs() if r.train.config.exists()]
-    def lock(self, shared: bool = False) -> RunLock:
-        "The directory's lock: exclusive for a restart or a tidy-up, shared by the shards of a sweep."
-        return RunLock(self.path, shared)
-    def remove_leftovers(self) -> list[Path]:
-        "The temporary files of killed writers in the directory and its cache, deleted (call it holding the lock)."
-        return remove_leftovers(self.path) + remove_leftovers(self.cache)
+# %% ../nbs/00b_rundir.ipynb #7fcc3788
+@patch
+def record(self: ExperimentDir) -> dict | None:
+    "The experiment's fields as recorded: `experiment.json`, else the `experiment` of `meta.json`; None without either."
+    if self.experiment.exists(): return read_json(self.experiment)
+    return self.read_meta().get('experiment') or None
+@patch
+def read_meta(self: ExperimentDir) -> dict:
+    "`meta.json` (`{}` without one)."
+    return read_json(self.meta) if self.meta.exists() else {}
+@patch
+def sample_record(self: ExperimentDir) -> dict | None:
+    "The SSDC sample's record: `ssdc_sample.json`, else the one in `meta.json`; None without either."
+    return read_json(self.sample) if self.sample.exists() else self.read_meta().get('ssdc_sample')
+@patch
+def run_records(self: ExperimentDir) -> list[dict]:
+    "Every run's record, by run name."
+    return [r.read_record() for r in self.runs() if r.record.exists()]
+@patch
+def run_configs(self: ExperimentDir) -> list[dict]:
+    "Every run's training config, by run name (runs without one are left out)."
+    return [r.read_config() for r in self.runs() if r.train.config.exists()]
+@patch
+def lock(self: ExperimentDir, shared: bool = False) -> RunLock:
+    "The directory's lock: exclusive for a restart or a tidy-up, shared by the shards of a sweep."
+    return RunLock(self.path, shared)
+@patch
+def remove_leftovers(self: ExperimentDir) -> list[Path]:
+    "The temporary files of killed writers in the directory and its cache, deleted (call it holding the lock)."
+    return remove_leftovers(self.path) + remove_leftovers(self.cache)
 
+# %% ../nbs/00b_rundir.ipynb #34e75e42
 EXPERIMENT_FORMS = "an experiment directory (`pe_anchors sweep --out` or `demo --out`, or a results folder) or its results.csv"
 
 def find_experiment(path: str | Path) -> ExperimentDir:
@@ -409,103 +393,6 @@ class ReportDir:
     def link(self, p: Path) -> str:
         "How the report's pages refer to one of its files (relative to the folder)."
         return Path(p).relative_to(self.path).as_posix()
-
-MANIFEST = '.manifest.json'      # what a writer put in a folder it swapped in (its kind, its files): all its next write may replace
-
-def staging(dest: str | Path, kind: str = 'tmp') -> Path:
-    "A hidden sibling of `dest` with a unique name (`.NAME.tmp-XXXXXXXX`), to write its replacement in."
-    dest = Path(dest)
-    return dest.with_name(f".{dest.name}.{kind}-{uuid.uuid4().hex[:8]}")
-
-_STAGED = re.compile(r'^\..+\.(tmp|old)-[0-9a-f]{8}$')          # `staging`'s names
-
-def _nobodys(name: str) -> bool:
-    "A top-level name no writer owns: the manifest, a lock, a killed writer's leftover or staging copy."
-    return name in (MANIFEST, LOCK) or bool(LEFTOVERS.match(name) or _STAGED.match(name))
-
-def _top(files: Iterable[str]) -> set[str]: return {f.split('/', 1)[0] for f in files}
-
-def folder_files(d: str | Path) -> set[str]:
-    "Everything in folder `d` as relative POSIX paths: files, links, empty folders (`name/`); not the manifest, locks or leftovers."
-    d, out = Path(d), set()
-    if not d.is_dir(): return out
-    for root, dirs, files in os.walk(d):                          # links to folders are listed, never followed
-        r = Path(root)
-        if r == d: dirs[:] = [x for x in dirs if not _nobodys(x)]; files = [x for x in files if not _nobodys(x)]
-        names = files + [x for x in dirs if (r / x).is_symlink()]
-        if not names and not dirs and r != d: out.add(r.relative_to(d).as_posix() + '/')
-        out |= {(r / n).relative_to(d).as_posix() for n in names}
-    return out
-
-def written(dest: str | Path, kind: str = 'run', mine: Iterable[str] = ()) -> set[str] | None:
-    """The files a writer of `kind` put in folder `dest` before: those its manifest lists; in a folder written before
-    manifests existed, all of them when every top-level entry is one of `mine` (the names the writer writes); an empty
-    set for a missing or empty folder; None when `dest` holds anything else (or another kind's files)."""
-    dest = Path(dest)
-    have = folder_files(dest)
-    if (dest / MANIFEST).exists():
-        m = read_json(dest / MANIFEST)
-        return set(m.get('files', [])) & have if m.get('kind') == kind else None
-    if not have: return set()
-    return have if _top(have) <= set(mine) else None
-
-def check_writable(dest: str | Path, kind: str = 'run', mine: Iterable[str] = ()) -> set[str]:
-    "The files of `dest` a writer of `kind` may replace (`written`); a one-line error when `dest` is a file or holds anything else."
-    dest = Path(dest)
-    if dest.exists() and not dest.is_dir(): raise NotADirectoryError(f"{dest} is a file: give a folder for the {kind}")
-    old = written(dest, kind, mine)
-    if old is None:
-        other = sorted(_top(folder_files(dest)) | ({MANIFEST} if (dest / MANIFEST).exists() else set()))
-        raise ValueError(f"{dest} holds files that are not a {kind}'s ({', '.join(other[:4])}{', ...' if len(other) > 4 else ''}): "
-                         f"give an empty or new folder, or an earlier {kind}'s (nothing was changed)")
-    return old
-
-def _move(src: Path, dst: Path):
-    "Rename `src` onto `dst` (copied, then renamed into place, across file systems)."
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try: os.replace(src, dst)
-    except OSError as e:
-        if e.errno != errno.EXDEV: raise
-        tmp = staging(dst); shutil.copy2(src, tmp, follow_symlinks=False); os.replace(tmp, dst)
-
-def swap_in(tmp: str | Path, dest: str | Path, kind: str = 'run', mine: Iterable[str] = ()):
-    """Put the content of folder `tmp` at `dest`, replacing only what the last writer of `kind` put there (`written`) and
-    recording what it puts (`MANIFEST`). A folder that holds nothing else is swapped whole (two renames: a reader finds
-    the old one or the new one); else file by file, and everything else is left as it is."""
-    tmp, dest = Path(tmp), Path(dest)
-    new = folder_files(tmp)
-    old = check_writable(dest, kind, set(mine) | _top(new))
-    other = folder_files(dest) - old
-    if other & new: raise ValueError(f"{dest / sorted(other & new)[0]} is not the {kind}'s: move it away (nothing was changed)")
-    write_atomic(tmp / MANIFEST, json.dumps(dict(kind=kind, files=sorted(new)), indent=1))
-    if not dest.exists(): os.replace(tmp, dest); return
-    whole = not (dest.is_symlink() or os.path.ismount(dest) or Path.cwd().resolve().is_relative_to(dest.resolve()))
-    if whole and set(os.listdir(dest)) <= {MANIFEST} | _top(old):   # (never the folder a shell may stand in)
-        gone = staging(dest, 'old')                                    # only the writer's own files: swapped whole
-        os.replace(dest, gone); os.replace(tmp, dest); shutil.rmtree(gone, ignore_errors=True); return
-    write_atomic(dest / MANIFEST, json.dumps(dict(kind=kind, files=sorted(old | new)), indent=1))   # a kill now: all listed
-    for f in sorted(new):
-        if f.endswith('/'): (dest / f).mkdir(parents=True, exist_ok=True)
-        else: _move(tmp / f, dest / f)
-    for f in sorted(old - new, reverse=True):                          # files before their folders
-        p = dest / f
-        if f.endswith('/'):
-            with contextlib.suppress(OSError): p.rmdir()
-        else: p.unlink(missing_ok=True)
-        for up in p.parents:                                           # folders it leaves empty, if they were the writer's
-            if up == dest or not any(g.startswith(up.relative_to(dest).as_posix() + '/') for g in old): break
-            with contextlib.suppress(OSError): up.rmdir()
-    write_atomic(dest / MANIFEST, json.dumps(dict(kind=kind, files=sorted(new)), indent=1))
-    shutil.rmtree(tmp, ignore_errors=True)
-
-def recover(dest: str | Path):
-    "After a writer was killed: put back the old `dest` if only it is left (`.NAME.old-*`), delete unfinished copies."
-    dest = Path(dest)
-    for left in dest.parent.glob(f".{dest.name}.old-*"):
-        if not dest.exists(): os.replace(left, dest)
-        else: shutil.rmtree(left, ignore_errors=True)
-    for left in dest.parent.glob(f".{dest.name}.tmp-*"): shutil.rmtree(left, ignore_errors=True)
-
 
 # %% ../nbs/00b_rundir.ipynb #c3d5e7f1
 STUDIES, STUDY_RECORD = 'studies', 'record.json'

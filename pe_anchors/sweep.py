@@ -21,7 +21,8 @@ from .hub import run_card, save_hub
 from .learner import (DEFAULT_MODELS, build_model, check_batch_size, get_recipe, init_model, make_callbacks,
                                 run_threads, train)
 from .robustness import SHIFT_KINDS, make_shift
-from .rundir import ExperimentDir, RunDir, RunLock, config_diff, remove_leftovers, run_protocol
+from .rundir import ExperimentDir, RunDir, config_diff, run_protocol
+from .safe_files import RunLock, remove_leftovers
 from .config import Experiment, ExperimentError, _is_int
 from .evaluate import EvalData, evaluate_model
 
@@ -72,6 +73,7 @@ def check_memory(exp: Experiment, data: ImageData | None = None, model: str | No
                                   f"(weights, gradients, optimiser state) and this machine has {_gib(ram)}: lower its depth, "
                                   "width or image size")
 
+# %% ../nbs/09c_sweep.ipynb #6325a704
 def check_experiment(exp: Experiment, data: ImageData | None = None):
     "Validate `exp` (fields, recipe, memory, model per condition, depth for ΔSSDC) before anything runs; raise ValueError."
     exp.validate()
@@ -104,6 +106,7 @@ def _check_shifts(exp: Experiment, img_size: int):
                 raise ExperimentError(f"shift_ref_size {exp.shift_ref_size}: the {shift.name} shift does not fit {img_size} px "
                                       f"images ({(str(e).splitlines() or [''])[0]}); give the size its σ is meant at, e.g. 224") from None
 
+# %% ../nbs/09c_sweep.ipynb #ab07b3a2
 def experiment_cost(exp: Experiment, data: ImageData) -> dict:
     """What `exp` asks of the machine, counted before it starts: runs, training images (runs × epochs × images) and
     images through a model while measuring (SSDC unpermuted and over `n_perms` RPI draws, the shifted sets, the α sweep)."""
@@ -126,7 +129,6 @@ def cost_line(exp: Experiment, data: ImageData) -> str:
 _all_ = ['check_run', 'run_card', 'init_model']   # results.check_run: the one rule for whether a run is the experiment's,
     # every reader's too; hub.run_card: the card of a kept run; learner.init_model: a run's untrained twin (re-exported
     # for `pe_anchors.experiment`)
-
 
 # %% ../nbs/09c_sweep.ipynb #facd99a6
 def resolve_shard(shard: str | Sequence[int] | None) -> tuple[int, int, int | None]:
@@ -206,6 +208,7 @@ def _keep_model(model: nn.Module, run: RunDir, df: pd.DataFrame) -> Path:
     if run.kept.exists(): shutil.rmtree(run.kept)     # left by a killed earlier attempt: the run is being finished again
     return save_hub(unwrap_model(model), run.kept, run_card(run.read_config(), df))
 
+# %% ../nbs/09c_sweep.ipynb #210f9193
 def _restart(ed: ExperimentDir):
     "Delete the earlier runs and results of the experiment directory (holding its exclusive lock): refused while any run is in progress."
     links = [p for p in ed.restart_paths() if p.is_symlink()]
@@ -266,18 +269,22 @@ def run_experiment(exp: Experiment | str | Path,     # an Experiment, a preset n
         if not lock.acquired: raise ValueError(f"{ed.path} is being restarted by another process; run again when it has started")
         return _run_experiment(exp, ed, index, count, device, show, data, verbose, extra_callbacks, threads, workers, given)
 
+# %% ../nbs/09c_sweep.ipynb #8d6e0920
+def _stored_experiment(exp: Experiment, ed: ExperimentDir) -> Experiment:
+    "What `experiment.json` records once `exp` runs in `ed`: `exp`, or the recorded experiment with `exp`'s conditions and seeds added."
+    if not ed.experiment.exists(): return exp
+    old, new = {**Experiment.defaults(), **ed.record()}, exp.to_dict()   # fields added since: their defaults
+    unknown = sorted(set(old) - set(new))
+    if unknown: raise ValueError(f"{ed.experiment} has field(s) {unknown} this library does not know; use another directory")
+    diff = config_diff(old, new, keys=(set(old) | set(new)) - {'conditions', 'seeds'})
+    if diff: raise ValueError(f"{ed.path} holds a different experiment (differs in {diff}); use another directory, "
+                              "or restart=True (--restart) to delete its results and start over")
+    # the same protocol over other conditions or seeds adds runs to it (e.g. one condition now, the rest later)
+    return Experiment(**{**old, 'conditions': list(dict.fromkeys(old['conditions'] + exp.conditions)),
+                         'seeds': list(dict.fromkeys(old['seeds'] + exp.seeds))})
+
 def _run_experiment(exp, ed: ExperimentDir, index, count, device, show, data, verbose, extra_callbacks, threads, workers, given):
-    stored = exp                                     # what experiment.json records: the protocol and every run asked for
-    if ed.experiment.exists():
-        old, new = {**Experiment.defaults(), **ed.record()}, exp.to_dict()   # fields added since: their defaults
-        unknown = sorted(set(old) - set(new))
-        if unknown: raise ValueError(f"{ed.experiment} has field(s) {unknown} this library does not know; use another directory")
-        diff = config_diff(old, new, keys=(set(old) | set(new)) - {'conditions', 'seeds'})
-        if diff: raise ValueError(f"{ed.path} holds a different experiment (differs in {diff}); use another directory, "
-                                  "or restart=True (--restart) to delete its results and start over")
-        # the same protocol over other conditions or seeds adds runs to it (e.g. one condition now, the rest later)
-        stored = Experiment(**{**old, 'conditions': list(dict.fromkeys(old['conditions'] + exp.conditions)),
-                               'seeds': list(dict.fromkeys(old['seeds'] + exp.seeds))})
+    stored = _stored_experiment(exp, ed)             # what experiment.json records: the protocol and every run asked for
     show = show_progress(show)
     verbose = show if verbose is None else verbose
     ed.path.mkdir(parents=True, exist_ok=True)
@@ -302,6 +309,7 @@ def _run_experiment(exp, ed: ExperimentDir, index, count, device, show, data, ve
                   f"{time.perf_counter() - t:.0f} s, clean accuracy {acc.iloc[0]:.4f}", flush=True)
     return gather(ed.path)                           # every finished run checked (`check_runs`) and combined
 
+# %% ../nbs/09c_sweep.ipynb #e1399941
 def _workers(workers: int | str | None, threads: int | str | None, device: str, runs: int) -> int:
     "How many runs to train at once: `workers`, or for 'auto' on the CPU one per free core (`free_cores`) over each run's threads."
     if workers is None or runs <= 1: return 1
@@ -347,4 +355,3 @@ def _environ(env: dict):
         for k, v in old.items():
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
-

@@ -45,6 +45,7 @@ def tensorboard_callback() -> Callback:
             super().after_fit()
     return TensorBoard()
 
+# %% ../nbs/05d_trackers.ipynb #9970e979
 def wandb_callback() -> Callback:
     """fastai's `WandbCallback`, starting the wandb run itself (project `$WANDB_PROJECT` or pe_anchors, files in the run
     directory, the run's config) and finishing it after the fit; numeric hyper-parameters only, no prediction tables.
@@ -73,6 +74,7 @@ def wandb_callback() -> Callback:
             if self._mine: wandb.finish(); self._mine = False
     return Wandb()
 
+# %% ../nbs/05d_trackers.ipynb #371a0c72
 def make_callbacks(names: Sequence[str] | None,
                    allow_import: bool = False,   # also 'module:Class' (the user's own command line, never a file)
                   ) -> list[Callback]:
@@ -98,4 +100,3 @@ def make_callbacks(names: Sequence[str] | None,
             raise ValueError(f"callback {name!r} is not a fastai Callback (a subclass of fastai.callback.core.Callback)")
         out.append(obj())
     return out
-

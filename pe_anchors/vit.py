@@ -14,7 +14,8 @@ from timm.models import register_model
 from fastcore.basics import patch
 
 from .core import IMAGENET_MEAN, IMAGENET_STD, PADDING_MODES, check_choice, grid_hw
-from .pos_embed import apply_rope, create_pos_embed, PE_NAMES
+from .pe_rotary import apply_rope
+from .pos_embed import create_pos_embed, PE_NAMES
 from .anatomy import register_family
 
 # %% auto #0
@@ -131,6 +132,22 @@ class Block(nn.Module):
         x = x + self.drop_path1(self.attn(self.norm1(x), rope, attn_bias))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
+# %% ../nbs/02_vit.ipynb #fc6c6456
+def _check_patch_grid(img_size: int | Sequence[int], patch_size: int):
+    "Refuse an image size the patches do not tile exactly (the rest would be dropped silently)."
+    for s in ((img_size,) * 2 if isinstance(img_size, int) else tuple(img_size)):
+        if s % patch_size: raise ValueError(f"img_size {img_size} is not a multiple of patch_size {patch_size}: "
+                                            f"{s % patch_size} pixel row(s)/column(s) would be dropped")
+
+def _make_blocks(embed_dim: int, depth: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, proj_drop_rate: float,
+                 attn_drop_rate: float, drop_path_rate: float, style: str, **attn) -> nn.ModuleList:
+    "The `depth` blocks, stochastic depth rising linearly to `drop_path_rate`; `attn`: the attention's projection and grid."
+    dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()   # on the CPU also when built on the meta device
+    # 'released' drops only on the attention weights and the MLP hidden layer (plus the embedding, above)
+    out_drop, mlp_drop = (0., (proj_drop_rate, 0.)) if style == 'released' else (proj_drop_rate, None)
+    return nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias, out_drop, attn_drop_rate,
+                                dpr[i], layer=i, mlp_drop=mlp_drop, **attn) for i in range(depth)])
+
 # %% ../nbs/02_vit.ipynb #d4c20822
 class PEViT(nn.Module):
     "Vision Transformer in which only the positional encoding `pe` varies (one of `pos_embed.PE_NAMES`)."
@@ -170,54 +187,53 @@ class PEViT(nn.Module):
         self.embed_dim = self.num_features = embed_dim
         self.num_heads = num_heads
         self.num_prefix_tokens = 1
-        for s in ((img_size,) * 2 if isinstance(img_size, int) else tuple(img_size)):
-            if s % patch_size: raise ValueError(f"img_size {img_size} is not a multiple of patch_size {patch_size}: "
-                                                f"{s % patch_size} pixel row(s)/column(s) would be dropped")
+        _check_patch_grid(img_size, patch_size)
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
         self.grid_size = self.patch_embed.grid_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = create_pos_embed(pe, self.grid_size, embed_dim, num_heads, depth=depth,
                                           num_prefix_tokens=self.num_prefix_tokens, **(pe_kwargs or {}))
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()   # on the CPU also when built on the meta device
-        attn = dict(qkv_proj=qkv_proj, grid_size=self.grid_size, qkv_kernel=qkv_kernel,
-                    num_prefix_tokens=self.num_prefix_tokens, qkv_padding=qkv_padding)
-        # 'released' drops only on the attention weights and the MLP hidden layer (plus the embedding, above)
-        out_drop, mlp_drop = (0., (proj_drop_rate, 0.)) if style == 'released' else (proj_drop_rate, None)
-        self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias, out_drop, attn_drop_rate,
-                                           dpr[i], layer=i, mlp_drop=mlp_drop, **attn) for i in range(depth)])
+        self.blocks = _make_blocks(embed_dim, depth, num_heads, mlp_ratio, qkv_bias, proj_drop_rate, attn_drop_rate,
+                                   drop_path_rate, style, qkv_proj=qkv_proj, grid_size=self.grid_size, qkv_kernel=qkv_kernel,
+                                   num_prefix_tokens=self.num_prefix_tokens, qkv_padding=qkv_padding)
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self.norm = nn.LayerNorm(embed_dim) if final_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights(style)
 
-    def _embed(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C), entering block 0
-        x = self.patch_embed(x)                                  # (B, N, C): the token-permutation hook point
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-        return self.pos_drop(self.pos_embed(x))
-
-    def _block(self, blk: nn.Module, x: torch.Tensor, kw: dict) -> torch.Tensor:
-        "One block with the PE's inputs for it (`rope`, `attn_bias`) as keyword arguments, as timm's Eva."
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False, **kw)
-        return blk(x, **kw)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C)
-        "Tokens after the last block (and the final norm); the PE's tables are built once for the pass."
-        x = self._embed(x)
-        kws = self.pos_embed.block_inputs(len(self.blocks))     # one table for all blocks unless the PE varies by block
-        for i, blk in enumerate(self.blocks): x = self.pos_embed.after_block(self._block(blk, x, kws[i]), i)
-        return self.norm(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        "The head on the pooled tokens: CLS ('token'), the patch mean ('avg') or the tokens as they are ('')."
-        if self.global_pool == 'token': x = x[:, 0]                              # CLS token (the paper's)
-        elif self.global_pool == 'avg': x = x[:, self.num_prefix_tokens:].mean(1)
-        return x if pre_logits else self.head(x)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         "Logits of the images `(B, 3, H, W)`."
         return self.forward_head(self.forward_features(x))
+
+# %% ../nbs/02_vit.ipynb #a9bfdace
+@patch
+def _embed(self: PEViT, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C), entering block 0
+    x = self.patch_embed(x)                                  # (B, N, C): the token-permutation hook point
+    x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+    return self.pos_drop(self.pos_embed(x))
+
+@patch
+def _block(self: PEViT, blk: nn.Module, x: torch.Tensor, kw: dict) -> torch.Tensor:
+    "One block with the PE's inputs for it (`rope`, `attn_bias`) as keyword arguments, as timm's Eva."
+    if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+        return torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False, **kw)
+    return blk(x, **kw)
+
+@patch
+def forward_features(self: PEViT, x: torch.Tensor) -> torch.Tensor: # (B, 3, H, W) -> (B, 1+N, C)
+    "Tokens after the last block (and the final norm); the PE's tables are built once for the pass."
+    x = self._embed(x)
+    kws = self.pos_embed.block_inputs(len(self.blocks))     # one table for all blocks unless the PE varies by block
+    for i, blk in enumerate(self.blocks): x = self.pos_embed.after_block(self._block(blk, x, kws[i]), i)
+    return self.norm(x)
+
+@patch
+def forward_head(self: PEViT, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    "The head on the pooled tokens: CLS ('token'), the patch mean ('avg') or the tokens as they are ('')."
+    if self.global_pool == 'token': x = x[:, 0]                              # CLS token (the paper's)
+    elif self.global_pool == 'avg': x = x[:, self.num_prefix_tokens:].mean(1)
+    return x if pre_logits else self.head(x)
 
 # %% ../nbs/02_vit.ipynb #afd090d5
 @patch
@@ -376,6 +392,7 @@ def create_pe_vit(name: str, pe: str = 'ape', pretrained: bool = False, **kwargs
         return FeatureGetterNet(model, out_indices=out_indices)
     return model
 
+# %% ../nbs/02_vit.ipynb #53a581f3
 @register_model
 def pe_vit_small_patch16_224(pretrained=False, **kwargs) -> PEViT:
     "The paper's ViT-S: 224 px, patch 16, 384 x 12, 8 heads, dropout .15, drop-path .2."
@@ -396,7 +413,6 @@ def pe_vit_nano_patch2_16(pretrained=False, **kwargs) -> PEViT:
     "Digits config: 16 px (digits upsampled), patch 2 (8x8 grid), 64 x 4, 4 heads; trains on a CPU in seconds."
     return create_pe_vit('pe_vit_nano_patch2_16', pretrained=pretrained, **kwargs)
 
-# %% ../nbs/02_vit.ipynb #53a581f3
 @register_model
 def pe_vit_nano_patch4_32(pretrained=False, **kwargs) -> PEViT:
     "CIFAR-10 on a CPU: 32 px, patch 4 (8x8 grid), 64 x 4, 4 heads (the nano width at CIFAR's own resolution)."

@@ -10,6 +10,8 @@ from fastai.torch_core import set_seed
 from PIL import Image
 
 import pe_anchors.data as D
+import pe_anchors.loaders as loaders
+from pe_anchors.core import IMAGENET_MEAN
 from pe_anchors.data import (IMAGENET100_WNIDS, ImageSplit, BatchAug, translate_flip, resized_crop, random_boxes,
                              digits, image_folder, imagenet100, cifar10, get_data)
 import dataclasses, shutil
@@ -145,7 +147,7 @@ def test_training_loader_shards_across_ranks(monkeypatch):
     d = digits()
     seen = []
     for r in range(2):
-        monkeypatch.setattr(D, 'dist_info', lambda r=r: (r, 2))
+        monkeypatch.setattr(loaders, 'dist_info', lambda r=r: (r, 2))
         set_seed(0)
         dl = d.dls(bs=16, device='cpu', aug='none').train
         idx = dl.get_idxs()
@@ -196,7 +198,7 @@ def test_imagenet100_from_imagenet1k_folder(tmp_path):
     _make_folder(tmp_path, list(IMAGENET100_WNIDS) + ['n99999999'], n=1, size=(6, 5))
     data = imagenet100(tmp_path, img_size=16)
     assert data.c == 100 and data.classes == sorted(IMAGENET100_WNIDS) and len(data.train) == 100
-    assert data.mean == D.IMAGENET_MEAN and data.default_aug == 'rrc_flip'
+    assert data.mean == IMAGENET_MEAN and data.default_aug == 'rrc_flip'
     x, y = next(data.valid_uint8(bs=100, device='cpu', num_workers=0))
     assert x.shape == (100, 3, 16, 16) and torch.equal(y, torch.arange(100))
     xb, _ = data.dls(bs=10, device='cpu', num_workers=0).one_batch()   # random-resized-crop in the loader

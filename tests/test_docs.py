@@ -3,7 +3,7 @@ notebooks in bounded time, executes no experiment, and every module page carries
 processed pages render to HTML (nbconvert, standing in for Quarto, which these machines lack) with every figure, their
 signatures carry no raw links and their links between pages land on existing headings; every figure a page's prose
 states is shown by the page itself (tools/check_readings.py); the site is built and deployed by the GitHub workflows."""
-import importlib, json, re, subprocess, sys
+import importlib, json, os, re, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,10 @@ def processed(tmp_path_factory):
     # Under pytest-xdist each worker asks for it: the first builds it under a lock shared by the workers (their common
     # temporary folder), the others wait and read its outcome, so two processings never write _proc/ at once.
     from filelock import FileLock
-    shared = tmp_path_factory.getbasetemp().parent
+    # The common folder of this session's workers (pytest-N/); without xdist the session's own folder, so that no later
+    # session reads an old _proc/ (the parent of a lone session's folder is shared by every session)
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base
     with FileLock(str(shared / 'proc_nbs.lock')):
         done = shared / 'proc_nbs.json'
         if not done.exists():

@@ -85,8 +85,8 @@ def test_a_folder_is_replaced_whole(tmp_path):
 LAYOUT = {getattr(rd, n) for n in ('CONFIG', 'METRICS', 'FINAL', 'MODEL_FILE', 'CHECKPOINTS', 'STATE', 'TRAIN', 'RESULTS',
                                    'RUN_RECORD', 'KEPT_MODEL', 'RUNS', 'EXPERIMENT', 'META', 'SAMPLE', 'SHIFTS', 'CACHE',
                                    'REPORT', 'MECH', 'LOCK')} | {'report.md', 'report.html', 'figures'}
-# modules whose paths are of other kinds: an image folder's train/ and val/ (data.py) is a dataset, not a run
-OTHER_KINDS = {'data.py'}
+# modules whose paths are of other kinds: an image folder's train/ and val/ (datasets.py) is a dataset, not a run
+OTHER_KINDS = {'datasets.py'}
 # the mechanistic study's own summary, meta.json in its output folder (`rundir.ExperimentDir(out).meta` says the same)
 ALLOWED = {('mech/study.py', "out / 'meta.json'"): 1}
 

@@ -62,6 +62,23 @@ def split_images(n_images: int, test_frac: float = .25, seed: int = 0) -> tuple[
     n_test = min(n_images - 1, max(1, round(n_images * test_frac)))
     return perm[n_test:].sort().values, perm[:n_test].sort().values
 
+# %% ../../nbs/11_mech.position.ipynb #8d3861ae
+def _train_head(x: torch.Tensor, y: torch.Tensor, n_classes: int, steps: int, lr: float, weight_decay: float, bs: int,
+                seed: int, show_progress: bool | None, comment: str) -> nn.Linear:
+    "A linear softmax head on rows `x` (T, C) for classes `y` (T,): zero weights, Adam cosine-annealed to 0, seeded mini-batches."
+    head = nn.Linear(x.shape[1], n_classes).to(x.device)
+    nn.init.zeros_(head.weight); nn.init.zeros_(head.bias)
+    opt = torch.optim.Adam(head.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    g, order, pos = torch.Generator().manual_seed(seed), None, len(x)
+    with torch.enable_grad():
+        for _ in pbar(range(steps), total=steps, show=show_progress, comment=comment):
+            if pos >= len(x): order, pos = torch.randperm(len(x), generator=g).to(x.device), 0
+            idx = order[pos:pos + bs]; pos += bs
+            loss = F.cross_entropy(head(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
+    return head.eval().requires_grad_(False)
+
 # %% ../../nbs/11_mech.position.ipynb #24686e26
 class PositionProbe:
     "A linear head from a patch token to its grid position, row or column."
@@ -104,18 +121,7 @@ class PositionProbe:
         self.mean, self.std = x.mean(0), x.std(0).clamp_min(1e-6)
         x = (x - self.mean) / self.std
         y = self.labels.to(x.device).repeat(I)
-        head = nn.Linear(C, self.n_classes).to(x.device)
-        nn.init.zeros_(head.weight); nn.init.zeros_(head.bias)
-        opt = torch.optim.Adam(head.parameters(), lr=lr, weight_decay=weight_decay)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-        g, order, pos = torch.Generator().manual_seed(seed), None, len(x)
-        with torch.enable_grad():
-            for _ in pbar(range(steps), total=steps, show=show_progress, comment=f'{self.target} probe'):
-                if pos >= len(x): order, pos = torch.randperm(len(x), generator=g).to(x.device), 0
-                idx = order[pos:pos + bs]; pos += bs
-                loss = F.cross_entropy(head(x[idx]), y[idx])
-                opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
-        self.head = head.eval().requires_grad_(False)
+        self.head = _train_head(x, y, self.n_classes, steps, lr, weight_decay, bs, seed, show_progress, f'{self.target} probe')
         return self
 
     def predict(self, features: torch.Tensor) -> torch.Tensor: # (I, N, C) -> (I, N) long

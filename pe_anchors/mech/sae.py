@@ -289,6 +289,33 @@ class _Removal:
     def norm(self) -> float: return float(self.D.norm(dim=1).mean())
     def reset(self) -> '_Removal': self.D.zero_(); return self
 
+# %% ../../nbs/11_mech.sae.ipynb #f01f3951
+def _control_sets(sae: TopKSAE, feats: torch.Tensor, latents: np.ndarray, alive: np.ndarray, target: float,
+                  means: torch.Tensor, mode: str, rng: np.random.Generator, n_random: int, match: str, tol: float,
+                  tries: int) -> list[np.ndarray]:
+    "`n_random` random sets of the `alive` latents: as many as `latents` ('count'), or removing `target` norm within ±`tol` ('mass')."
+    controls = []
+    if match == 'count': controls = [rng.choice(alive, len(latents), replace=False) for _ in range(n_random)]
+    grown = _Removal(sae, feats, mode, means) if match == 'mass' and n_random else None   # the tokens encoded once
+    if grown is not None:                                    # all other active latents at once: can any set reach the target?
+        for j in alive: grown.add(int(j))
+        if (ceiling := grown.norm()) < (1 - tol) * target:
+            raise MassUnmatched(f"every other active latent together removes {ceiling:.3f}, the selected set {target:.3f}: "
+                                f"no random set matches its mass; use match='count' and read norm_removed", target, ceiling)
+    for _ in range(tries if grown is not None else 0):       # random latents added until they remove as much
+        lat = []; grown.reset()
+        for j in rng.permutation(alive):
+            r = grown.norm_with(int(j))
+            if r > (1 + tol) * target: continue                    # this one would overshoot: skip it
+            lat.append(j); grown.add(int(j))
+            if r >= (1 - tol) * target: break
+        if abs(grown.norm() - target) <= tol * target: controls.append(np.array(lat, dtype=np.int64))
+        if len(controls) == n_random: break
+    if len(controls) < n_random:
+        raise ValueError(f"only {len(controls)} of {n_random} random latent sets remove the selected set's norm ({target:.3f}) "
+                         f"within ±{tol:.0%} in {tries} draws: raise tol or use match='count'")
+    return controls
+
 # %% ../../nbs/11_mech.sae.ipynb #a9565f51
 def sae_causal_test(model: nn.Module,
                     sae: TopKSAE,
@@ -326,26 +353,8 @@ def sae_causal_test(model: nn.Module,
     check_choice('match', match, ('count', 'mass'))
     if n_random and match == 'count' and len(alive) < len(latents): raise ValueError(f"only {len(alive)} other active latents for random sets of {len(latents)}: lower min_rel_act")
     removed = lambda lat: removed_norm(sae, feats, lat, mode, means)
-    target, controls = removed(latents), []
-    if match == 'count': controls = [rng.choice(alive, len(latents), replace=False) for _ in range(n_random)]
-    grown = _Removal(sae, feats, mode, means) if match == 'mass' and n_random else None   # the tokens encoded once
-    if grown is not None:                                    # all other active latents at once: can any set reach the target?
-        for j in alive: grown.add(int(j))
-        if (ceiling := grown.norm()) < (1 - tol) * target:
-            raise MassUnmatched(f"every other active latent together removes {ceiling:.3f}, the selected set {target:.3f}: "
-                                f"no random set matches its mass; use match='count' and read norm_removed", target, ceiling)
-    for _ in range(tries if grown is not None else 0):       # random latents added until they remove as much
-        lat = []; grown.reset()
-        for j in rng.permutation(alive):
-            r = grown.norm_with(int(j))
-            if r > (1 + tol) * target: continue                    # this one would overshoot: skip it
-            lat.append(j); grown.add(int(j))
-            if r >= (1 - tol) * target: break
-        if abs(grown.norm() - target) <= tol * target: controls.append(np.array(lat, dtype=np.int64))
-        if len(controls) == n_random: break
-    if len(controls) < n_random:
-        raise ValueError(f"only {len(controls)} of {n_random} random latent sets remove the selected set's norm ({target:.3f}) "
-                         f"within ±{tol:.0%} in {tries} draws: raise tol or use match='count'")
+    target = removed(latents)
+    controls = _control_sets(sae, feats, latents, alive, target, means, mode, rng, n_random, match, tol, tries)
     sets = [('intact', np.array([], dtype=np.int64)), ('selected', latents)]
     sets += [(f'random {i}', lat) for i, lat in enumerate(controls)]
     rows = []
