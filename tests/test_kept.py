@@ -62,3 +62,20 @@ def test_every_committed_model_has_its_weights_and_git_keeps_them():
     where = [h / MODEL_FILE for h in hubs] + [ExperimentDir(e).run('any', 0).kept / MODEL_FILE for e in results.iterdir() if e.is_dir()]
     r = subprocess.run(['git', 'check-ignore', '--no-index', *map(str, where)], cwd=root, capture_output=True, text=True)
     assert r.returncode in (0, 1) and r.stdout == '', f"ignored by git: {r.stdout}"
+
+
+def test_every_committed_model_card_agrees_with_its_results_table():
+    "A kept model's card (config.json) says what `run_card` reads from the run's committed results table, row for row."
+    from pathlib import Path
+    from pe_anchors.hub import run_card
+    from pe_anchors.results import read_results
+    results = Path(__file__).resolve().parents[1] / 'nbs' / 'results'
+    runs = [h.parent for h in sorted(results.glob('*/runs/*/model')) if (h.parent / 'results.csv').exists()]
+    if not runs: pytest.skip(f"no kept models with results tables under {results}")
+    stale = []
+    for run in runs:
+        card = json.loads((run / 'model' / 'config.json').read_text())['pe_anchors'].get('card', {})
+        condition, seed = run.name.rsplit('-s', 1)
+        want = run_card(dict(condition=condition, seed=int(seed)), read_results(run / 'results.csv'))
+        stale += [f"  {run.relative_to(results)}: {k}: {card.get(k)!r}, table says {v!r}" for k, v in want.items() if card.get(k) != v]
+    assert not stale, "model cards that disagree with their results tables (rebuild them with run_card):\n" + '\n'.join(stale)
