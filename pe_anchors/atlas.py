@@ -19,7 +19,9 @@ from torch import nn
 from .core import N_PERMS, check_choice, check_model_name, grid_hw, pbar, unwrap_model
 from .anatomy import anatomy, rpi_reason, timm_model, zoo_family, zoo_position
 from .hooks import TokenPermutation
-from .data import ImageData, cifar10, image_folder, stratified_sample
+from .loaders import ImageData
+from .datasets import cifar10, image_folder
+from .data import stratified_sample
 from .kept import load_trained
 from .rundir import find_run
 from .ssdc import SSDCAccumulator, _batch_images

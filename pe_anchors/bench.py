@@ -20,12 +20,15 @@ from fastai.torch_core import set_seed
 import pandas as pd
 from .core import check_choice, default_device, grid_hw, hardware_info, sync
 from .anatomy import anatomy
-from .pos_embed import PE_NAMES, sincos_2d
+from .pos_embed import PE_NAMES
+from .pe_base import sincos_2d
 from .vit import MODEL_CONFIGS
 from .ssdc import SSDCAccumulator, grid_distance, spearman, upper_pairs
-from .data import ImageData, ImageSplit
-from .learner import Recipe, SoftTargetCE, get_recipe, pe_learner, wd_param_groups
-from .robustness import BlockShuffle, JPEG, PatchMask, make_shift, check_images, jpeg_pil, smooth_images
+from .loaders import ImageData, ImageSplit
+from .core import Recipe
+from .recipes import SoftTargetCE, get_recipe, wd_param_groups
+from .learner import pe_learner
+from .shifts import BlockShuffle, JPEG, PatchMask, make_shift, check_images, jpeg_pil, smooth_images
 
 # %% auto #0
 __all__ = ['bench_ssdc', 'timm_twins', 'bench_vs_timm', 'bench_train', 'bench_shifts', 'gpu_check']
@@ -448,7 +451,7 @@ def gpu_check(out: str | Path = 'gpu_check',     # output folder (created)
         if smoke: exp = preset('digits', name='gpu-check-smoke', conditions=['ape', 'nope'], train_kwargs=dict(epochs=1),
                                ssdc_images=64, n_perms=2, alphas=[1., .5], model_kwargs=dict(depth=2), untrained=False)
         else:
-            from pe_anchors.data import DATA_PATH_ENV, data_path as located
+            from pe_anchors.datasets import DATA_PATH_ENV, data_path as located
             path = located('cifar10', data_path)
             if not path: raise ValueError(f"no CIFAR-10: pass data_path or set {DATA_PATH_ENV['cifar10']}")
             exp = preset('cifar10', data_kwargs=dict(path=path))

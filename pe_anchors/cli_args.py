@@ -72,7 +72,8 @@ def check_device(device: str | None) -> str | None:
 def _common(p: argparse.ArgumentParser, *, data: bool = True, workers: bool = False,
             device_help: str = "cpu, cuda, cuda:N (default: cuda if available)"):
     if data:
-        from pe_anchors.data import DATASETS, DATA_PATH_ENV, takes_path
+        from pe_anchors.data import DATASETS, takes_path
+        from pe_anchors.datasets import DATA_PATH_ENV
         p.add_argument('--data', default=None, help=f"{', '.join(DATASETS)} (default digits), or a dataset folder / .npz path")
         p.add_argument('--data-path', help=f"where {' / '.join(n for n in DATASETS if takes_path(n))} live (a folder, or a "
                        f"packed .npz for cifar10; default: {', '.join(f'${v} for {k}' for k, v in DATA_PATH_ENV.items())})")
@@ -103,12 +104,13 @@ def _run_opts(p: argparse.ArgumentParser, many: bool):
 # %% ../nbs/13a_cli_args.ipynb #7fb484e5
 def _needs_path(name: str) -> str:
     "What to tell the user whose dataset `name` has no location."
-    from pe_anchors.data import DATA_PATH_ENV
+    from pe_anchors.datasets import DATA_PATH_ENV
     return f"--data-path PATH (where its images are{f', or set {DATA_PATH_ENV[name]}' if name in DATA_PATH_ENV else ''})"
 
 def _dataset(name: str | None, path: str | None):
     "A dataset by name (those that `takes_path` need a location) or a dataset path."
-    from pe_anchors.data import DATASETS, data_path, get_data, takes_path
+    from pe_anchors.data import DATASETS, get_data, takes_path
+    from pe_anchors.datasets import data_path
     name = name or 'digits'
     if takes_path(name):
         if not data_path(name, path): raise UserError(f"--data {name} needs {_needs_path(name)}")
@@ -118,9 +120,11 @@ def _dataset(name: str | None, path: str | None):
 
 def _load_experiment(config: str, a):
     "The experiment of a preset or file with the command line's overrides; and the `module:Class` callbacks asked for."
-    from pe_anchors.data import data_path, takes_path
+    from pe_anchors.datasets import data_path
+    from pe_anchors.data import takes_path
     from pe_anchors.config import Experiment, PRESETS, preset
-    from pe_anchors.learner import CALLBACKS, make_callbacks
+    from pe_anchors.core import CALLBACKS
+    from pe_anchors.trackers import make_callbacks
     o = {}
     if a.conditions: o['conditions'] = a.conditions
     if a.seeds: o['seeds'] = a.seeds

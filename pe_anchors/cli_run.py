@@ -43,7 +43,7 @@ def cmd_demo(a):
 # %% ../nbs/13b_cli_run.ipynb #2f210adf
 def _opts_train(s):
     from pe_anchors.pos_embed import PE_NAMES
-    from pe_anchors.learner import RECIPES
+    from pe_anchors.core import RECIPES
     from pe_anchors.hooks import TRAIN_PERM_MODES
     _run_opts(s, many=False)
     s.add_argument('--pe', help=f"positional encoding, overriding the condition's ({', '.join(PE_NAMES)})")
@@ -57,7 +57,8 @@ def _opts_train(s):
 
 def cmd_train(a):
     "Train one condition into a run directory (resumed when interrupted, `--restart` to start over); works under `torchrun`."
-    from pe_anchors.learner import make_callbacks, train
+    from pe_anchors.trackers import make_callbacks
+    from pe_anchors.learner import train
     from pe_anchors.rundir import train_dir_of
     device = check_device(a.device)
     kw = {k: v for k, v in dict(epochs=a.epochs, bs=a.bs, lr=a.lr).items() if v is not None}

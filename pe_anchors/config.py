@@ -101,7 +101,8 @@ def check_kwargs(key: str, kw: dict, params: dict, what: str):
 def _data_params(data: str) -> tuple[dict, str] | None:
     "The arguments (name: default) a dataset's builder takes in `data_kwargs`, and the builder's name (None: unknown data)."
     import inspect
-    from pe_anchors.data import DATASETS, cifar10, image_folder   # the builders (and the training stack), only here
+    from pe_anchors.data import DATASETS
+    from pe_anchors.datasets import cifar10, image_folder   # the builders (and the training stack), only here
     if data in DATASETS: fn, skip = DATASETS[data], ()
     elif data.endswith('.npz') or Path(data).expanduser().exists(): fn, skip = (cifar10 if data.endswith('.npz') else image_folder), ('path',)
     else: return None

@@ -15,9 +15,11 @@ from torch import nn
 from .core import check_choice, default_device, pbar, run_perm_seed, unwrap_model
 from .anatomy import anatomy
 from .results import fragility, result_row
-from .data import ImageData, get_data, stratified_sample
+from .loaders import ImageData
+from .data import get_data, stratified_sample
 from .interventions import alpha_sweep, pe_table_ssdc, ssdc_trajectories
-from .robustness import SHIFT_KINDS, ShiftedSets, evaluate_accuracy, evaluate_shifts, make_shift
+from .shifts import SHIFT_KINDS, make_shift
+from .robustness import ShiftedSets, evaluate_accuracy, evaluate_shifts
 from .rundir import ExperimentDir
 from .config import Experiment, experiment_of
 

@@ -19,7 +19,7 @@ from .core import (CONDITIONS, PADDING_MODES, check_choice, check_model_name, co
 from .anatomy import model_family
 from .results import (KEY_COLUMNS, check_runs, concat_results, fragility, gather, main_rows, read_results,
                                 result_row, ssdc_metric, with_peak_rpi, write_results)
-from .data import ImageData
+from .loaders import ImageData
 from .hub import load_checkpoint, run_card, save_hub
 from .learner import init_model
 from .rundir import RUN_FORMS, ExperimentDir, RunDir, TrainDir, find_run, hub_files, is_hub_folder

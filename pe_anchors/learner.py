@@ -26,7 +26,8 @@ from .core import (CALLBACKS, RECIPES, Recipe, auto_threads, check_model_name, c
                              cpu_info, hardware_info, read_json, recipe_changes, set_threads, show_progress as _show_progress)
 from .rundir import TrainDir
 from .anatomy import anatomy, model_family
-from .data import ImageData, get_data
+from .loaders import ImageData
+from .data import get_data
 from .callback.permute import RPT
 from .recipes import (OPTIMIZERS, PARAM_KINDS, LayerGroupOptimWrapper, SoftTargetCE, get_recipe, make_optimizer,
                                 param_groups, pe_splitter, wd_param_groups)

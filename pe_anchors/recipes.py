@@ -18,7 +18,7 @@ from fastai.optimizer import OptimWrapper
 from .core import RECIPES, Recipe, check_choice, recipe_changes
 from .anatomy import position_parameters
 from .vit import MODEL_STYLES
-from .data import AUGS
+from .augment import AUGS
 
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'PARAM_KINDS', 'get_recipe', 'SoftTargetCE', 'wd_param_groups', 'param_groups', 'pe_splitter',

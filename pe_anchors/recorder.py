@@ -20,7 +20,8 @@ from fastcore.basics import noop, patch
 
 from .core import (Recipe, current_umask, disk_error, dist_info, hardware_info, read_json, sync, unwrap_model,
                              write_atomic)
-from .rundir import CHECKPOINT_TMP, TrainDir, config_diff
+from .safe_files import CHECKPOINT_TMP
+from .rundir import TrainDir, config_diff
 from .hub import save_checkpoint
 
 # %% auto #0

@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from .core import condition_order, read_json, write_atomic
-from .rundir import ExperimentDir, ReportDir, RunDir, check_writable, find_experiment, recover, staging, swap_in
+from .rundir import ExperimentDir, ReportDir, RunDir, find_experiment
+from .safe_files import check_writable, recover, staging, swap_in
 from .paper import PAPER_LABEL
 from .results import alpha_rows, load_results, main_rows, write_results
 from .measures import rpi_mode

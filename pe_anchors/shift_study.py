@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 from .core import code_version, condition_order, hardware_info, read_json, write_atomic
 from .anatomy import anatomy
-from .data import ImageData
-from .robustness import TensorBatches, evaluate_accuracy, evaluate_shifts, structure_shifts
+from .loaders import ImageData
+from .robustness import TensorBatches, evaluate_accuracy, evaluate_shifts
+from .shifts import structure_shifts
 from .corruptions import CORRUPTIONS, available_corruptions
 from .interventions import ssdc_trajectories
 from .config import experiment_of

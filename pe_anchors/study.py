@@ -16,7 +16,8 @@ from torch import nn
 
 from .core import (code_version, condition_label, condition_order, hardware_info, pbar, read_json, run_perm_seed,
                              show_progress as interactive, shown_defaults, write_atomic)
-from .rundir import STUDY_RECORD, ExperimentDir, RunDir, StudyDir, config_diff, hub_files, recover, staging, swap_in
+from .rundir import STUDY_RECORD, ExperimentDir, RunDir, StudyDir, config_diff, hub_files
+from .safe_files import recover, staging, swap_in
 from .results import check_runs, read_table, write_results
 from .config import Experiment, experiment_of
 from .evaluate import EvalData, experiment_eval
@@ -229,7 +230,8 @@ def _padding(paddings: Sequence[str]):
     def measure(r: StudyRun) -> pd.DataFrame:
         from pe_anchors.interventions import peg_padding, ssdc_trajectories
         from pe_anchors.results import fragility, result_row
-        from pe_anchors.robustness import evaluate_accuracy, make_shift
+        from pe_anchors.robustness import evaluate_accuracy
+        from pe_anchors.shifts import make_shift
         jpeg, frames, model = make_shift('jpeg', 'paper'), [], r.model
         meta = dict(experiment=r.exp.name, dataset=r.ev.data.name, condition=r.condition, seed=r.seed, stage='trained')
         for p in paddings:
@@ -272,7 +274,7 @@ def corrupted_sets(ctx: StudyContext, n_images: int, names: Sequence[str], sever
                 shifts=[Corruption(n, int(s), seed) for n in names for s in severities])
 
 def _trajectory_sets(ctx: StudyContext, n_images: int, names, seed: int) -> dict:
-    from pe_anchors.robustness import make_shift
+    from pe_anchors.shifts import make_shift
     return dict(corrupted_sets(ctx, n_images, names, (1, 2, 3, 4, 5), seed),
                 paper=[make_shift(k, 'paper', img_size=ctx.ev.data.img_size, ref_size=ctx.exp.shift_ref_size) for k in ('jpeg', 'blur')])
 

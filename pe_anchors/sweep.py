@@ -16,11 +16,13 @@ from .core import (check_threads, code_version, condition_model_kwargs, conditio
                              env_int, free_cores, hardware_info, set_threads, show_progress, unwrap_model, write_atomic)
 from .anatomy import anatomy, model_family
 from .results import check_run, check_runs, gather, read_results, write_results
-from .data import ImageData, data_bytes, get_data
+from .loaders import ImageData
+from .data import data_bytes, get_data
 from .hub import run_card, save_hub
-from .learner import (DEFAULT_MODELS, build_model, check_batch_size, get_recipe, init_model, make_callbacks,
-                                run_threads, train)
-from .robustness import SHIFT_KINDS, make_shift
+from .learner import DEFAULT_MODELS, build_model, check_batch_size, init_model, run_threads, train
+from .recipes import get_recipe
+from .trackers import make_callbacks
+from .shifts import SHIFT_KINDS, make_shift
 from .rundir import ExperimentDir, RunDir, config_diff, run_protocol
 from .safe_files import RunLock, remove_leftovers
 from .config import Experiment, ExperimentError, _is_int
