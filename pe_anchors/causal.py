@@ -234,7 +234,8 @@ DOSE_SET = ('nope', 'spe_x025', 'spe_x05', 'spe', 'random_table', 'smooth_table'
 
 def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs_jpeg',
                   conditions: Sequence[str] | None = DOSE_SET, n_boot: int = 2000, seed: int = 0, level: float = LEVEL) -> dict:
-    "Over doses (conditions, seeds averaged): slope of `target` on `measure` and Spearman ρ, with intervals from resampling doses."
+    """Over doses (conditions, seeds averaged): slope of `target` on `measure` and Spearman ρ, with intervals from resampling
+    doses, and ρ's exact permutation p (every pairing of the doses' outcomes with their measures)."""
     p = points[(points['kind'] == 'trained') & points[measure].notna() & points[target].notna()]
     if conditions is not None: p = p[p['condition'].isin(conditions)]
     if 'blocks' in p and p['blocks'].nunique() > 1:
@@ -243,7 +244,8 @@ def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs
     d = p.groupby('condition')[[measure, target]].mean()
     x, y = d[measure].to_numpy(float), d[target].to_numpy(float)
     out = dict(measure=measure, target=target, doses=len(d), seeds=int(len(p)))
-    if len(d) < 3: return out | dict(rho=np.nan, rho_low=np.nan, rho_high=np.nan, slope=np.nan, slope_low=np.nan, slope_high=np.nan)
+    if len(d) < 3: return out | dict(rho=np.nan, rho_low=np.nan, rho_high=np.nan, rho_p=np.nan, slope=np.nan, slope_low=np.nan,
+                                     slope_high=np.nan)
     rng, rhos, slopes = np.random.default_rng(seed), [], []
     for _ in range(n_boot):
         i = rng.integers(0, len(d), len(d))
@@ -251,7 +253,10 @@ def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs
         rhos.append(stats.spearmanr(x[i], y[i]).statistic); slopes.append(np.polyfit(x[i], y[i], 1)[0])
     q = [50 - 50 * level, 50 + 50 * level]
     (rl, rh), (sl, sh) = np.nanpercentile(rhos, q), np.nanpercentile(slopes, q)
-    return out | dict(rho=float(stats.spearmanr(x, y).statistic), rho_low=float(rl), rho_high=float(rh),
+    rho = lambda a, b: stats.spearmanr(a, b).statistic
+    perm = stats.permutation_test((x, y), rho, permutation_type='pairings', rng=seed, # exact up to 8 doses (8! pairings)
+                                  n_resamples=np.inf if len(d) <= 8 else 9999)
+    return out | dict(rho=float(rho(x, y)), rho_low=float(rl), rho_high=float(rh), rho_p=float(perm.pvalue),
                       slope=float(np.polyfit(x, y, 1)[0]), slope_low=float(sl), slope_high=float(sh))
 
 # %% ../nbs/10h_causal.ipynb #628dbd24
