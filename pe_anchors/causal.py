@@ -235,7 +235,7 @@ DOSE_SET = ('nope', 'spe_x025', 'spe_x05', 'spe', 'random_table', 'smooth_table'
 def dose_response(points: pd.DataFrame, measure: str = 'peak', target: str = 'fs_jpeg',
                   conditions: Sequence[str] | None = DOSE_SET, n_boot: int = 2000, seed: int = 0, level: float = LEVEL) -> dict:
     """Over doses (conditions, seeds averaged): slope of `target` on `measure` and Spearman ρ, with intervals from resampling
-    doses, and ρ's exact permutation p (every pairing of the doses' outcomes with their measures)."""
+    doses, and ρ's permutation p (every pairing of the doses' outcomes with their measures up to 8 doses, else 9999 drawn)."""
     p = points[(points['kind'] == 'trained') & points[measure].notna() & points[target].notna()]
     if conditions is not None: p = p[p['condition'].isin(conditions)]
     if 'blocks' in p and p['blocks'].nunique() > 1:
