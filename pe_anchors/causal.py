@@ -21,11 +21,12 @@ _all_ = ['STUDY_TABLES', 'C10C_MEAN', 'Tables', 'load_tables', 'testbed', 'Line'
          'fig_testbed']
 
 # %% auto #0
-__all__ = ['PAIRED', 'QUANTITIES', 'PAIRS', 'POSITION_FREE', 'DOSE_SET', 'OUTCOMES', 'PRIMARY', 'corruption_summary',
-           'model_points', 'model_labels', 'seeds_of', 'read_pair', 'pair_line', 'pair_table', 'per_model',
-           'two_groups', 'graded', 'dose_response', 'factorial_points', 'two_way', 'detectable', 'matched_accuracy',
-           'compare_matched', 'causal_analysis', 'causal_summary', 'STUDY_TABLES', 'C10C_MEAN', 'Tables', 'load_tables',
-           'testbed', 'Line', 'fit_line', 'effective_robustness', 'fig_testbed']
+__all__ = ['PAIRED', 'QUANTITIES', 'PAIRS', 'POSITION_FREE', 'DOSE_SET', 'MATCH_LEVELS', 'OUTCOMES', 'PRIMARY',
+           'corruption_summary', 'model_points', 'model_labels', 'seeds_of', 'read_pair', 'pair_line', 'pair_table',
+           'per_model', 'two_groups', 'graded', 'dose_response', 'factorial_points', 'two_way', 'detectable',
+           'matched_accuracy', 'compare_matched', 'matched_factorial', 'causal_analysis', 'causal_summary',
+           'STUDY_TABLES', 'C10C_MEAN', 'Tables', 'load_tables', 'testbed', 'Line', 'fit_line', 'effective_robustness',
+           'fig_testbed']
 
 # %% ../nbs/10h_causal.ipynb #c8947164
 def corruption_summary(df: pd.DataFrame, by: str = 'category') -> pd.DataFrame:
@@ -354,6 +355,26 @@ def compare_matched(m: pd.DataFrame, a, b, level: float = LEVEL) -> pd.DataFrame
             rows.append(dict(level=lv, effect=r.effect, low=r.low, high=r.high, p=r.p, n=r.n))
     return pd.DataFrame(rows)
 
+MATCH_LEVELS = (.5, .55, .6, .65)    # ours: clean accuracies that most factorial runs pass through (the ×4 cells end near .6)
+
+def matched_factorial(traj: pd.DataFrame, levels: Sequence[float] = MATCH_LEVELS, y: str = 'fs_c10c',
+                      level: float = LEVEL) -> pd.DataFrame:
+    """The factorial's geometry and loudness contrasts of `y` at matched clean accuracy: at each level, `two_way`'s
+    cell-means model (seeds nested in cells, within-cell error) on the runs whose training passes through it."""
+    m = matched_accuracy(traj[traj['condition'].isin(FACTORIAL)], levels, y)
+    rows = []
+    for lv, g in m.groupby('level'):
+        fp = factorial_points(g.assign(kind='trained'))                 # one run per (cell, seed), the factorial's own first
+        f = two_way(fp, 'value', level=level)
+        for k in ('geometry', 'loudness'):
+            c = f[k]
+            if c is not None and f['df'] > 0:
+                rows.append(dict(level=lv, contrast=k, effect=c.effect, low=c.low, high=c.high, p=c.p, df=int(c.df),
+                                 cells=f['cells'], runs=f['runs']))
+    out = pd.DataFrame(rows, columns=['level', 'contrast', 'effect', 'low', 'high', 'p', 'df', 'cells', 'runs'])
+    out['holm'] = out.groupby('contrast')['p'].transform(lambda p: holm(list(p)))   # a contrast's levels: one family
+    return out
+
 # %% ../nbs/10h_causal.ipynb #38db0235
 OUTCOMES = {'peak': 'peak RPI-SSDC', 'signal': 'signal ratio', 'acc': 'clean accuracy', f'er_{C10C_MEAN}': 'CIFAR-10-C mean ER',
             'fs_c10c': 'CIFAR-10-C mean FS', 'er_JPEG': 'JPEG ER', 'fs_jpeg': 'JPEG FS', 'er_blur': 'blur ER', 'fs_blur': 'blur FS'}
@@ -369,7 +390,9 @@ def causal_analysis(T: Tables) -> dict:
     adj = {y: two_way(fp, y, covariate='acc') for y in ('fs_c10c', 'fs_jpeg', 'fs_blur') if y in fits}
     prim = [fits[PRIMARY][k] for k in ('geometry', 'loudness')] if PRIMARY in fits else []
     hp = list(holm([c.p for c in prim])) if len(prim) == 2 and all(c is not None for c in prim) else []
-    return dict(testbed=tb, er=er, lines=lines, points=pts, factorial=fp, fits=fits, adjusted=adj, holm=hp,
+    tr = T.trajectory
+    mf = matched_factorial(tr) if tr is not None and len(tr) else None
+    return dict(testbed=tb, er=er, lines=lines, points=pts, factorial=fp, fits=fits, adjusted=adj, holm=hp, matched=mf,
                 runs=fp[['condition', 'seed']].drop_duplicates().shape[0], cells=fp['condition'].nunique())
 
 # %% ../nbs/10h_causal.ipynb #1babb4e1
@@ -384,6 +407,19 @@ def _across(A: dict, target: str = f'er_{C10C_MEAN}') -> str:
     return (f"- Across the other {two['free'] + two['anchored']} kept models (seeds averaged), CIFAR-10-C effective robustness: "
             f"position-free minus anchored {_ci(two['comparison'])} ({two['free']} vs {two['anchored']} models); among the "
             f"anchored ones, Spearman ρ with peak RPI-SSDC {gr['rho']:+.2f} [{gr['low']:+.2f}, {gr['high']:+.2f}] (n = {gr['n']}).")
+
+def _matched(A: dict) -> str:
+    "One sentence on fragility at matched clean accuracy along training (`matched_factorial`); '' without trajectories."
+    m = A.get('matched')
+    if m is None or not len(m): return ''
+    def part(k):
+        g = m[m['contrast'] == k]
+        e = f"{g['effect'].iloc[0]:+.3f}" if len(g) == 1 else f"{g['effect'].min():+.3f} to {g['effect'].max():+.3f}"
+        return f"by {e} ({int((g['holm'] < .05).sum())} of {len(g)} levels told apart)"
+    lv = ', '.join(f"{v:.2f}".lstrip('0') for v in sorted(m['level'].unique()))
+    return (f"At matched clean accuracy along training (the cell-means model at each accuracy the runs pass through, {lv}; "
+            f"up to {int(m['runs'].max())} trajectories; Holm over the levels), keeping the geometry changes the CIFAR-10-C "
+            f"mean fragility {part('geometry')}, the 16× louder table {part('loudness')}. ")
 
 def _exploratory(f: dict) -> str:
     "The additive model's reading (interaction pooled into the error), labelled as what it is: not the stated analysis."
@@ -424,6 +460,7 @@ def causal_summary(A: dict, short: bool = False) -> str:
             f"effect on the CIFAR-10-C mean effective robustness is {_ci(g)}, {word(hp[0])}, and on the mean fragility "
             f"{_ci(fs_['geometry'])}; {acc}. Making the table 16× louder (×4 against ×.25 the sin-cos row norm) changes "
             f"the effective robustness by {_ci(l)}, {word(hp[1])}, and the fragility by {_ci(fs_['loudness'])}{acc_l}. "
+            + _matched(A)
             + (f"With {df} of the planned {full} error df the stated intervals rest on few seeds; {explore}. " if explore else '')
             + "The paper's claim predicts a positive geometry effect on effective robustness (more index-anchored geometry, "
             "more robust at a given accuracy) and none from loudness alone.")

@@ -120,14 +120,29 @@ def load_kept(path: str | Path,                  # an experiment directory or a 
     return KeptRun(exp, condition, seed, model, ev.data, ev, read_results(run.results), run.path)
 
 # %% ../nbs/09d_kept.ipynb #17af50d1
-def _write_meta(dest: ExperimentDir, exp: Experiment, src: ExperimentDir | None = None):
-    "A results folder's meta.json: the experiment, every run's record, the shifts and the SSDC sample (without its indices)."
+def _write_meta(dest: ExperimentDir, exp: Experiment, src: ExperimentDir | None = None,
+                kept: Sequence[tuple[str, int]] = ()):
+    """A results folder's meta.json: the experiment, every run's record, the shifts and the SSDC sample (without its
+    indices). `kept`: the runs just copied in from `exp`; where runs kept from several sweeps were trained with different
+    callbacks, `callbacks` lists them all and `callbacks_by_run` says which run had which."""
     meta = dest.read_meta()
     e = exp.to_dict()
     if e.get('data_kwargs', {}).get('path'): e['data_kwargs'] = {**e['data_kwargs'], 'path': Path(str(e['data_kwargs']['path'])).name}
-    if meta.get('experiment'):                                           # the runs of both: conditions and seeds merged
-        for k in ('conditions', 'seeds'): e[k] = list(dict.fromkeys(meta['experiment'].get(k, []) + e[k]))
-    meta.update(experiment=e, runs=dest.run_records())
+    old = meta.get('experiment') or {}
+    if old:                                                              # the runs of both: conditions and seeds merged
+        for k in ('conditions', 'seeds'): e[k] = list(dict.fromkeys(old.get(k, []) + e[k]))
+    records = dest.run_records()
+    name = lambda c, s: f"{c}-s{s}"
+    by_run = {name(r['condition'], r['seed']): list((old.get('callbacks_by_run') or {}).get(name(r['condition'], r['seed']),
+                                                                                         old.get('callbacks', e['callbacks'])))
+              for r in records}                                          # each run keeps what it was trained with
+    by_run.update({name(c, s): list(e['callbacks']) for c, s in kept})
+    e.pop('callbacks_by_run', None)
+    if len({tuple(v) for v in by_run.values()}) > 1:
+        e['callbacks'] = list(dict.fromkeys(x for v in by_run.values() for x in v))
+        e['callbacks_by_run'] = dict(sorted(by_run.items()))
+    elif by_run: e['callbacks'] = next(iter(by_run.values()))
+    meta.update(experiment=e, runs=records)
     if src is not None:
         if src.shifts.exists(): meta['shifts'] = read_json(src.shifts)
         if src.sample.exists(): meta['ssdc_sample'] = {k: v for k, v in read_json(src.sample).items() if k != 'indices'}
@@ -154,7 +169,7 @@ def keep_runs(out_dir: str | Path, dest: str | Path,
         tmp = RunDir(staging(b.path))
         src.run(c, s).keep_into(tmp)
         swap_in(tmp.path, b.path)                        # the run's folder replaced whole
-    _write_meta(dest, exp, src)
+    _write_meta(dest, exp, src, kept=runs)
     return _gather_kept(dest)
 
 # %% ../nbs/09d_kept.ipynb #357c0f9a
