@@ -408,14 +408,17 @@ def _across(A: dict, target: str = f'er_{C10C_MEAN}') -> str:
             f"position-free minus anchored {_ci(two['comparison'])} ({two['free']} vs {two['anchored']} models); among the "
             f"anchored ones, Spearman ρ with peak RPI-SSDC {gr['rho']:+.2f} [{gr['low']:+.2f}, {gr['high']:+.2f}] (n = {gr['n']}).")
 
-def _matched(A: dict) -> str:
-    "One sentence on fragility at matched clean accuracy along training (`matched_factorial`); '' without trajectories."
+def _matched(A: dict, short: bool = False) -> str:
+    "Fragility at matched clean accuracy along training (`matched_factorial`), a sentence or a front-page line; '' without."
     m = A.get('matched')
     if m is None or not len(m): return ''
     def part(k):
         g = m[m['contrast'] == k]
+        if not len(g): return 'not measured'
         e = f"{g['effect'].iloc[0]:+.3f}" if len(g) == 1 else f"{g['effect'].min():+.3f} to {g['effect'].max():+.3f}"
         return f"by {e} ({int((g['holm'] < .05).sum())} of {len(g)} levels told apart)"
+    if short: return (f"- At matched clean accuracy along training, keeping the geometry changes CIFAR-10-C fragility "
+                      f"{part('geometry')}; the louder table {part('loudness')}.")
     lv = ', '.join(f"{v:.2f}".lstrip('0') for v in sorted(m['level'].unique()))
     return (f"At matched clean accuracy along training (the cell-means model at each accuracy the runs pass through, {lv}; "
             f"up to {int(m['runs'].max())} trajectories; Holm over the levels), keeping the geometry changes the CIFAR-10-C "
@@ -453,6 +456,7 @@ def causal_summary(A: dict, short: bool = False) -> str:
             f"- The stated test ({df} of the planned {full} error df): keeping the geometry changes CIFAR-10-C effective "
             f"robustness by {_ci(g)}, {word(hp[0])}; a 16× louder table by {_ci(l)}, {word(hp[1])}.",
             *([f"- Until the seeds finish, {explore}."] if explore else []),
+            *([_matched(A, short=True)] if _matched(A) else []),
             _across(A)])
     return (f"On {A['runs']} runs in {A['cells']} of the 9 cells of the factorial (seeds nested in cells, {df} within-cell "
             f"error degrees of freedom of the {full} the plan counts on), keeping the table's geometry (f = 0) rather than "
