@@ -450,13 +450,14 @@ def causal_summary(A: dict, short: bool = False) -> str:
     acc_l = (f" (with clean accuracy in the model: {_ci(ad['loudness'])}, louder tables being less accurate)"
              if ad['df'] > 0 else '')
     if short:
+        line = _matched(A, short=True)
         return '\n'.join([
             f"- Factorial of one frozen table, {A['runs']} runs in {A['cells']} of 9 cells: removing its geometry (f = 0 → 1) "
             f"moves peak RPI-SSDC by {-pk.effect:+.3f}, the anchoring the paper credits.",
             f"- The stated test ({df} of the planned {full} error df): keeping the geometry changes CIFAR-10-C effective "
             f"robustness by {_ci(g)}, {word(hp[0])}; a 16× louder table by {_ci(l)}, {word(hp[1])}.",
             *([f"- Until the seeds finish, {explore}."] if explore else []),
-            *([_matched(A, short=True)] if _matched(A) else []),
+            *([line] if line else []),
             _across(A)])
     return (f"On {A['runs']} runs in {A['cells']} of the 9 cells of the factorial (seeds nested in cells, {df} within-cell "
             f"error degrees of freedom of the {full} the plan counts on), keeping the table's geometry (f = 0) rather than "

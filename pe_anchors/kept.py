@@ -132,12 +132,9 @@ def _write_meta(dest: ExperimentDir, exp: Experiment, src: ExperimentDir | None 
     if old:                                                              # the runs of both: conditions and seeds merged
         for k in ('conditions', 'seeds'): e[k] = list(dict.fromkeys(old.get(k, []) + e[k]))
     records = dest.run_records()
-    name = lambda c, s: f"{c}-s{s}"
-    by_run = {name(r['condition'], r['seed']): list((old.get('callbacks_by_run') or {}).get(name(r['condition'], r['seed']),
-                                                                                         old.get('callbacks', e['callbacks'])))
-              for r in records}                                          # each run keeps what it was trained with
-    by_run.update({name(c, s): list(e['callbacks']) for c, s in kept})
-    e.pop('callbacks_by_run', None)
+    before, default = old.get('callbacks_by_run') or {}, old.get('callbacks', e['callbacks'])
+    by_run = {n: list(before.get(n, default)) for n in (f"{r['condition']}-s{r['seed']}" for r in records)}
+    by_run.update({f"{c}-s{s}": list(e['callbacks']) for c, s in kept})   # each run keeps what it was trained with
     if len({tuple(v) for v in by_run.values()}) > 1:
         e['callbacks'] = list(dict.fromkeys(x for v in by_run.values() for x in v))
         e['callbacks_by_run'] = dict(sorted(by_run.items()))
