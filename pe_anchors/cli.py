@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):               # a terminal that cannot show × ± ρ (an ASCII locale) shows ?
         with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation): stream.reconfigure(errors='replace')
     isa = _option(argv, '--cpu-isa')
+    pinned = {}                                             # the variables --cpu-isa sets, as they were
     if isa:                                                 # before torch computes anything (checked below)
         from pe_anchors.core import CPU_ISA
+        pinned = {k: os.environ.get(k) for k in CPU_ISA.get(isa, {})}
         os.environ.update(CPU_ISA.get(isa, {}))
     a = parser(next((x for x in argv if not x.startswith('-') and x != isa), '')).parse_args(argv)   # the command's options only
     from pe_anchors.core import NETWORK_ENV
@@ -127,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_names(a)                                                 # every output path, before anything runs
         if getattr(a, 'cpu_isa', None):
-            from pe_anchors.core import set_cpu_isa
-            set_cpu_isa(a.cpu_isa)
+            from pe_anchors.core import restore_env, set_cpu_isa
+            try: set_cpu_isa(a.cpu_isa)
+            except ValueError: restore_env(pinned); raise           # refused: this process's environment as it was
         a.func(a)
         return 0
     except KeyboardInterrupt:

@@ -21,8 +21,8 @@ __all__ = ['NETWORK_ENV', 'CONDITIONS', 'EXTENSION_CONDITIONS', 'DOSE_CONDITIONS
            'hub_name', 'check_model_name', 'image_rng', 'image_perms', 'condition_spec', 'condition_model_kwargs',
            'condition_label', 'condition_order', 'Recipe', 'recipe_changes', 'show_progress', 'pbar', 'usable_cores',
            'cpu_snapshot', 'busy_cores', 'free_cores', 'auto_threads', 'check_threads', 'set_threads', 'default_device',
-           'cpu_name', 'hardware_info', 'code_version', 'cpu_info', 'set_cpu_isa', 'run_perm_seed', 'env_int',
-           'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic', 'current_umask', 'read_json',
+           'cpu_name', 'hardware_info', 'code_version', 'cpu_info', 'restore_env', 'set_cpu_isa', 'run_perm_seed',
+           'env_int', 'dist_info', 'sync', 'check_alpha', 'unwrap_model', 'write_atomic', 'current_umask', 'read_json',
            'disk_error', 'shown_defaults']
 
 # %% ../nbs/00_core.ipynb #419c0931
@@ -353,13 +353,21 @@ def cpu_info() -> dict:
                 blas=find(r'BLAS_INFO=(\w+)'), mkl=find(r'Math Kernel Library Version ([\w.]+)'),
                 onednn=find(r'MKL-DNN v([\w.]+)'), env={k: os.environ[k] for k in CPU_ISA_ENV if k in os.environ})
 
+def restore_env(saved: dict):
+    "Put environment variables back as `saved` holds them (`None`: unset)."
+    for k, v in saved.items():
+        if v is None: os.environ.pop(k, None)
+        else: os.environ[k] = v
+
 def set_cpu_isa(name: str) -> str:
     """Pin the code paths of torch's CPU kernels to `CPU_ISA[name]` (for numbers that do not depend on which vector
     instructions a CPU has) before anything computes; refused, in one line, when torch's kernels have chosen already."""
     env = CPU_ISA[check_choice('CPU instruction set', name, CPU_ISA)]
-    os.environ.update(env)
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)                           # set first: torch reads them when it first chooses its kernels
     cap, want = torch.backends.cpu.get_cpu_capability(), env.get('ATEN_CPU_CAPABILITY')
     if want and cap.lower() != want:
+        restore_env(before)                          # refused: as it was, or a sweep's workers would run pinned, it not
         raise ValueError(f"cpu isa {name!r}: torch's CPU kernels already use {cap} (set it before anything computes, in a "
                          f"new process: {' '.join(f'{k}={v}' for k, v in env.items())}), or this CPU lacks {want}")
     return cap

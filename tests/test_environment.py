@@ -117,11 +117,14 @@ ISA_ENV = ('MKL_CBWR', 'ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA', 'ATEN_CPU_CAPAB
 def test_a_cpu_isa_too_late_is_refused_in_one_line(capsys, monkeypatch):
     "In a process whose torch kernels have computed already, the code paths cannot be pinned any more: said in one line."
     import torch
-    for k in ISA_ENV: monkeypatch.delenv(k, raising=False)                      # put back as they were afterwards
+    for k in ISA_ENV: monkeypatch.setenv(k, 'x'); monkeypatch.delenv(k)           # unset now, put back as they were afterwards
     torch.ones(3) + 1                                                            # torch has chosen its kernels
     if torch.backends.cpu.get_cpu_capability().lower() == 'avx2': pytest.skip('this CPU uses AVX2 already')
     rc, err = cli(capsys, '--cpu-isa', 'avx2', 'bench', 'ssdc', '--quick', '--quiet')
     assert rc == 2 and 'already use' in err and 'ATEN_CPU_CAPABILITY=avx2' in err, err
+    # refused, the environment is as it was: a process started from this one later (a sweep's worker) must not run
+    # pinned kernels while this one runs the native ones (their numbers would differ on a CPU wider than AVX2)
+    assert [k for k in ISA_ENV if k in os.environ] == [], {k: os.environ[k] for k in ISA_ENV if k in os.environ}
 
 
 def test_a_cpu_isa_in_a_new_process_pins_the_kernels(tmp_path):
